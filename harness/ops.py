@@ -1,0 +1,256 @@
+"""The abstract operations the harness drives a target with, and their JSON form.
+
+A trace is a config followed by a list of these operations.  Each is either a call on the KV-cache
+manager (vLLM 0.33 ``KVCacheManager`` method of the same meaning) or a change the scheduler makes to
+a ``Request`` between calls (vLLM's scheduler owns the request object; the manager only reads it).
+Every target applies exactly this vocabulary, so a trace replays on the spec, on vLLM, on ``impl``
+or on a user's manager alike.  The JSON form is language neutral: plain objects with an ``"op"``
+tag, ints, strings, lists and ``null``; bytes never appear in an operation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- request lifecycle (scheduler-side changes to the Request object) ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MMFeatureSpec:
+    """A multimodal item: ``identifier`` (its content hash) occupies ``[offset, offset + length)``."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Create a request (vLLM ``Request(...)`` with the block hasher); no manager call."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    lora: tuple[str, str] | None = None  # (lora_name, lora_path); vLLM 0.33 keys on both
+    mm_features: tuple[MMFeatureSpec, ...] = ()
+    cache_salt: str | None = None
+    skip_reading_prefix_cache: bool = False  # prompt-logprob requests
+    op: str = field(default="add_request", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutputTokens:
+    """``request.append_output_token_ids(tokens)``: extends ``all_token_ids`` and hashes new full blocks."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    op: str = field(default="append_output_tokens", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetSpecTokens:
+    """``request.spec_token_ids = tokens`` (drafts: never in ``all_token_ids``, never hashed)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    op: str = field(default="set_spec_tokens", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetNumComputedTokens:
+    """``request.num_computed_tokens = n`` (after a step, a rejection, a preemption or a load)."""
+
+    request_id: str
+    num_computed_tokens: int
+    op: str = field(default="set_num_computed_tokens", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetStatus:
+    """``request.status = status``: one of WAITING, RUNNING, PREEMPTED, WAITING_FOR_REMOTE_KVS."""
+
+    request_id: str
+    status: str
+    op: str = field(default="set_status", init=False)
+
+
+# --- manager calls -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GetComputedBlocks:
+    """``get_computed_blocks(request)``; outcome ``{"block_ids": [[...] per group], "num_hit_tokens": n}``.
+
+    The target remembers the returned blocks; the next ``AllocateSlots`` of this request with
+    ``use_computed_blocks`` passes them as ``new_computed_blocks``.
+    """
+
+    request_id: str
+    op: str = field(default="get_computed_blocks", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateSlots:
+    """``allocate_slots(...)``; outcome ``null`` (out of blocks) or ``{"block_ids": [[...] per group]}``."""
+
+    request_id: str
+    num_new_tokens: int
+    num_new_computed_tokens: int = 0
+    use_computed_blocks: bool = False
+    num_lookahead_tokens: int = 0
+    num_external_computed_tokens: int = 0
+    delay_cache_blocks: bool = False
+    num_encoder_tokens: int = 0
+    full_sequence_must_fit: bool = False
+    reserved_blocks: int = 0
+    op: str = field(default="allocate_slots", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """``free(request)``; outcome ``null``."""
+
+    request_id: str
+    op: str = field(default="free", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheBlocks:
+    """``cache_blocks(request, num_computed_tokens)`` (P/D arrival, early caching); outcome ``null``."""
+
+    request_id: str
+    num_computed_tokens: int
+    op: str = field(default="cache_blocks", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSkippedBlocks:
+    """``remove_skipped_blocks(request_id, num_computed_tokens)``; outcome ``null``."""
+
+    request_id: str
+    num_computed_tokens: int
+    op: str = field(default="remove_skipped_blocks", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictBlocks:
+    """``evict_blocks(set(block_ids))`` (KV-load failure); outcome ``null``."""
+
+    block_ids: tuple[int, ...]
+    op: str = field(default="evict_blocks", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    """``reset_prefix_cache()``; outcome ``true`` or ``false``."""
+
+    op: str = field(default="reset_prefix_cache", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TakeEvents:
+    """``take_events()``; outcome: the list of events in JSON form (see ``harness.observation``)."""
+
+    op: str = field(default="take_events", init=False)
+
+
+Op = (
+    AddRequest
+    | AppendOutputTokens
+    | SetSpecTokens
+    | SetNumComputedTokens
+    | SetStatus
+    | GetComputedBlocks
+    | AllocateSlots
+    | Free
+    | CacheBlocks
+    | RemoveSkippedBlocks
+    | EvictBlocks
+    | ResetPrefixCache
+    | TakeEvents
+)
+
+OP_TYPES: dict[str, type] = {
+    cls.__dataclass_fields__["op"].default: cls  # type: ignore[attr-defined]
+    for cls in (
+        AddRequest,
+        AppendOutputTokens,
+        SetSpecTokens,
+        SetNumComputedTokens,
+        SetStatus,
+        GetComputedBlocks,
+        AllocateSlots,
+        Free,
+        CacheBlocks,
+        RemoveSkippedBlocks,
+        EvictBlocks,
+        ResetPrefixCache,
+        TakeEvents,
+    )
+}
+
+REQUEST_STATUSES = ("WAITING", "RUNNING", "PREEMPTED", "WAITING_FOR_REMOTE_KVS")
+
+
+class TraceFormatError(ValueError):
+    """A trace or operation that cannot be read; the message names the offending part."""
+
+
+def op_to_json(op: Op) -> dict[str, Any]:
+    out: dict[str, Any] = {"op": op.op}
+    for f in dataclasses.fields(op):
+        if f.name == "op":
+            continue
+        value = getattr(op, f.name)
+        if f.name == "mm_features":
+            value = [dataclasses.asdict(m) for m in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def op_from_json(obj: Any, where: str = "operation") -> Op:
+    """Parse one operation; raise ``TraceFormatError`` naming ``where`` and the problem."""
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{where}: expected an object, got {type(obj).__name__}")
+    tag = obj.get("op")
+    cls = OP_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise TraceFormatError(f"{where}: unknown operation {tag!r} (known: {', '.join(sorted(OP_TYPES))})")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "op"}
+    unknown = set(obj) - set(fields) - {"op", "outcome"}
+    if unknown:
+        raise TraceFormatError(f"{where}: unknown field(s) {sorted(unknown)} for {tag!r}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in obj:
+            if f.default is dataclasses.MISSING:
+                raise TraceFormatError(f"{where}: {tag!r} is missing field {name!r}")
+            continue
+        value = obj[name]
+        try:
+            if name == "mm_features":
+                value = tuple(MMFeatureSpec(str(m["identifier"]), int(m["offset"]), int(m["length"])) for m in value)
+            elif name == "lora":
+                value = None if value is None else (str(value[0]), str(value[1]))
+            elif name in ("prompt_token_ids", "token_ids", "block_ids"):
+                if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+                    raise TypeError("expected a list of ints")
+                value = tuple(value)
+            elif isinstance(f.default, bool) or name in ("use_computed_blocks", "delay_cache_blocks"):
+                if not isinstance(value, bool):
+                    raise TypeError("expected true or false")
+            elif name in ("request_id", "status", "cache_salt", "identifier"):
+                if not (isinstance(value, str) or (value is None and name == "cache_salt")):
+                    raise TypeError("expected a string")
+            elif isinstance(f.default, int) or f.type in ("int",):
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise TypeError("expected an int")
+        except (TypeError, KeyError, IndexError, ValueError) as e:
+            raise TraceFormatError(f"{where}: field {name!r} of {tag!r}: {e}") from None
+        kwargs[name] = value
+    if cls is SetStatus and kwargs["status"] not in REQUEST_STATUSES:
+        raise TraceFormatError(f"{where}: status must be one of {REQUEST_STATUSES}, got {kwargs['status']!r}")
+    return cls(**kwargs)  # type: ignore[no-any-return]

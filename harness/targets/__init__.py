@@ -1,0 +1,122 @@
+"""Targets: one small adapter per KV-cache manager, all behind ``harness.targets.base.Target``.
+
+``load_target(name)`` resolves ``--target``:
+- ``spec``: the model itself (``harness.targets.spec``);
+- ``vllm``: the installed vLLM 0.33.0 ``KVCacheManager`` (imported lazily, it is slow and optional);
+- ``impl``: kvspec's own fast allocator (lazily);
+- ``mutant:NAME``: the spec with one deliberate bug (``harness.mutants``);
+- ``package.module:factory``: a user's adapter; ``factory()`` must return an object satisfying the
+  protocol (see docs/targets.md).
+Every failure raises ``TargetLoadError`` with a message saying why (the CLI exits 2 on it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from harness.targets.base import Target, Unsupported
+
+__all__ = ["Target", "TargetLoadError", "Unsupported", "load_target", "target_factory"]
+
+BUILTIN = ("spec", "vllm", "impl")
+
+
+class TargetLoadError(Exception):
+    """``--target`` names something that cannot be loaded; the message says why."""
+
+
+def _check_protocol(obj: object, what: str) -> Target:
+    missing = [m for m in ("name", "version", "reset", "apply", "observe") if not hasattr(obj, m)]
+    if missing:
+        raise TargetLoadError(f"{what} returned {type(obj).__name__}, which lacks {', '.join(missing)} (see docs/targets.md)")
+    for m in ("reset", "apply", "observe"):
+        if not callable(getattr(obj, m)):
+            raise TargetLoadError(f"{what}: {m} is not callable")
+    return obj  # type: ignore[return-value]
+
+
+def _builtin(name: str) -> Callable[[], Target]:
+    if name == "spec":
+        from harness.targets.spec import SpecTarget
+
+        return SpecTarget
+    if name == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except Exception as e:  # ImportError, or a broken install
+            raise TargetLoadError(f"target 'vllm' needs vLLM 0.33.0 installed (ci/setup --vllm): {type(e).__name__}: {e}") from None
+        try:
+            mod = importlib.import_module("harness.targets.vllm")
+        except Exception as e:
+            raise TargetLoadError(f"target 'vllm': the adapter failed to import: {type(e).__name__}: {e}") from None
+        return _factory_from_module(mod, "vllm")
+    if name == "impl":
+        try:
+            mod = importlib.import_module("harness.targets.impl")
+        except Exception as e:
+            raise TargetLoadError(f"target 'impl': the adapter failed to import: {type(e).__name__}: {e}") from None
+        return _factory_from_module(mod, "impl")
+    raise AssertionError(name)
+
+
+def _factory_from_module(mod: object, name: str) -> Callable[[], Target]:
+    for attr in ("make_target", "Target", f"{name.capitalize()}Target", "VLLMTarget", "ImplTarget"):
+        f = getattr(mod, attr, None)
+        if callable(f) and attr != "Target":
+            return f  # type: ignore[no-any-return]
+    raise TargetLoadError(f"target {name!r}: module {getattr(mod, '__name__', mod)} defines no make_target()")
+
+
+def target_factory(name: str) -> Callable[[], Target]:
+    """Resolve ``name`` to a zero-argument factory of fresh targets (checked once here)."""
+    if name in BUILTIN:
+        factory = _builtin(name)
+    elif name.startswith("mutant:"):
+        from harness.mutants import MUTANTS, make_mutant
+
+        mname = name.split(":", 1)[1]
+        if mname not in MUTANTS:
+            raise TargetLoadError(f"unknown mutant {mname!r} (known: {', '.join(sorted(MUTANTS))})")
+        return lambda: make_mutant(mname)
+    elif ":" in name:
+        factory = _user_factory(name)
+    else:
+        raise TargetLoadError(f"unknown target {name!r}: use spec, vllm, impl, mutant:NAME or package.module:factory")
+    _check_protocol(_call_factory(factory, name), f"target {name!r}")
+    return factory
+
+
+def _user_factory(name: str) -> Callable[[], Target]:
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise TargetLoadError(f"--target {name!r}: expected package.module:factory")
+    try:
+        mod = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise TargetLoadError(f"--target {name!r}: module {e.name!r} not found (is it on PYTHONPATH?)") from None
+    except Exception as e:
+        raise TargetLoadError(f"--target {name!r}: importing {module_name} raised {type(e).__name__}: {e}") from None
+    obj: object = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TargetLoadError(f"--target {name!r}: module {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetLoadError(f"--target {name!r}: {attr} is not callable")
+    return obj  # type: ignore[return-value]
+
+
+def _call_factory(factory: Callable[[], Target], name: str) -> Target:
+    try:
+        return factory()
+    except TargetLoadError:
+        raise
+    except Exception as e:
+        raise TargetLoadError(f"target {name!r}: its factory raised {type(e).__name__}: {e}") from None
+
+
+def load_target(name: str) -> Target:
+    """One fresh target for ``--target name``; ``TargetLoadError`` says why it cannot be loaded."""
+    factory = target_factory(name)
+    return _check_protocol(_call_factory(factory, name), f"target {name!r}")

@@ -1,0 +1,52 @@
+"""The protocol every target implements, and the errors it may raise.
+
+A target is one KV-cache manager under test (the spec itself, real vLLM, kvspec's ``impl``, or a
+user's own).  The harness only ever talks to it through this protocol: ``reset`` builds a fresh
+manager for a config, ``apply`` performs one abstract operation (``harness.ops``) and returns its
+outcome in JSON form, and ``observe`` reports the manager's state as an ``Observation``.  ``observe``
+is the one function per target that reads the target's internals.
+
+Outcome forms (JSON values, identical across targets):
+- ``GetComputedBlocks``: ``{"block_ids": [[int, ...] per group], "num_hit_tokens": int}``
+- ``AllocateSlots``: ``None`` when out of blocks, else ``{"block_ids": [[int, ...] per group]}``
+  (only the newly allocated blocks; empty lists when nothing new was needed)
+- ``ResetPrefixCache``: ``bool``
+- ``TakeEvents``: ``[event_to_json(e), ...]`` (see ``harness.observation``)
+- every other operation: ``None``
+A target that cannot model an operation or config raises ``Unsupported`` (the harness then skips
+that family or step kind for this target, and says so); any other exception is a finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from harness.observation import Observation
+from harness.ops import Op
+from spec.config import KVCacheConfig
+
+
+class Unsupported(Exception):
+    """The target does not model this config or operation (not a bug in the target)."""
+
+
+@runtime_checkable
+class Target(Protocol):
+    name: str
+
+    @property
+    def version(self) -> str:
+        """Free-form version string recorded in reports (e.g. ``vllm 0.33.0``)."""
+        ...
+
+    def reset(self, config: KVCacheConfig) -> None:
+        """Discard all state and build a fresh manager for ``config``."""
+        ...
+
+    def apply(self, op: Op) -> Any:
+        """Perform one operation; return its outcome in the JSON form above."""
+        ...
+
+    def observe(self) -> Observation:
+        """The manager's current state in the spec's vocabulary."""
+        ...

@@ -1,0 +1,124 @@
+"""The request as the KV-cache manager sees it (vLLM 0.33 ``vllm/v1/request.py``, the fields it reads).
+
+vLLM's scheduler owns the ``Request`` object and mutates it between manager calls; the spec keeps
+it a value, so each scheduler-side change (``append_output_token_ids``, drafts, the computed count,
+the status) returns a new request.  Block hashes are part of the value and are extended exactly as
+vLLM's block hasher does after construction and after each append: full blocks only, never drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from spec.config import HashAlgo, KVCacheConfig
+from spec.hashing import HashFeatures, MMFeature, extend_block_hashes
+from spec.types import BlockHash, RequestId, TokenCount
+
+
+class RequestStatus(str, Enum):
+    """The statuses the manager's arithmetic depends on (the watermark applies to the first two
+    and PREEMPTED; vLLM 0.33 ``RequestStatus`` has more, all of which act like RUNNING here)."""
+
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    spec_token_ids: tuple[int, ...]  # drafts: not in all_token_ids, never hashed
+    num_computed_tokens: TokenCount
+    status: RequestStatus
+    features: HashFeatures
+    skip_reading_prefix_cache: bool  # prompt-logprob requests never read the prefix cache
+    block_hashes: tuple[BlockHash, ...]
+    hash_block_size: TokenCount
+    hash_algo: HashAlgo
+    hashing_enabled: bool  # vLLM installs the block hasher only when prefix caching is on
+    num_in_flight_tokens: TokenCount = TokenCount(0)  # async scheduling only; always 0 here
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> TokenCount:
+        """Prompt plus outputs; drafts excluded (vLLM ``Request.num_tokens``)."""
+        return TokenCount(len(self.prompt_token_ids) + len(self.output_token_ids))
+
+    @property
+    def num_prompt_tokens(self) -> TokenCount:
+        return TokenCount(len(self.prompt_token_ids))
+
+    @property
+    def num_tokens_with_spec(self) -> TokenCount:
+        return TokenCount(self.num_tokens + len(self.spec_token_ids))
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    config: KVCacheConfig,
+    *,
+    lora: tuple[str, str] | None = None,
+    mm_features: Sequence[MMFeature] = (),
+    cache_salt: str | None = None,
+    skip_reading_prefix_cache: bool = False,
+) -> Request:
+    """A new WAITING request with its full prompt blocks hashed (vLLM 0.33 ``Request.__init__``
+    followed by the block hasher; EngineCore installs the hasher only when caching is on)."""
+    if not prompt_token_ids:
+        raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in prompt_token_ids):
+        raise ValueError(f"request {request_id!r}: prompt token ids must be ints")
+    features = HashFeatures(
+        lora=lora, mm_features=tuple(sorted(mm_features, key=lambda m: m.offset)), cache_salt=cache_salt
+    )
+    req = Request(
+        request_id=RequestId(request_id),
+        prompt_token_ids=tuple(prompt_token_ids),
+        output_token_ids=(),
+        spec_token_ids=(),
+        num_computed_tokens=TokenCount(0),
+        status=RequestStatus.WAITING,
+        features=features,
+        skip_reading_prefix_cache=skip_reading_prefix_cache,
+        block_hashes=(),
+        hash_block_size=config.hash_block_size,
+        hash_algo=config.hash_algo,
+        hashing_enabled=config.enable_caching,
+    )
+    return _rehash(req)
+
+
+def _rehash(req: Request) -> Request:
+    if not req.hashing_enabled:
+        return req
+    hashes = extend_block_hashes(req.block_hashes, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo)
+    return replace(req, block_hashes=hashes)
+
+
+def append_output_token_ids(req: Request, token_ids: Sequence[int]) -> Request:
+    """vLLM 0.33 ``Request.append_output_token_ids``: extend the outputs, then hash newly full blocks."""
+    return _rehash(replace(req, output_token_ids=req.output_token_ids + tuple(token_ids)))
+
+
+def with_spec_token_ids(req: Request, token_ids: Sequence[int]) -> Request:
+    """The scheduler proposes drafts (vLLM ``request.spec_token_ids = ...``)."""
+    return replace(req, spec_token_ids=tuple(token_ids))
+
+
+def with_num_computed_tokens(req: Request, n: int) -> Request:
+    """The scheduler advances, rolls back (rejection) or zeroes (preemption) the computed count."""
+    assert 0 <= n <= req.num_tokens_with_spec, f"num_computed_tokens {n} outside [0, {req.num_tokens_with_spec}]"
+    return replace(req, num_computed_tokens=TokenCount(n))
+
+
+def with_status(req: Request, status: RequestStatus) -> Request:
+    return replace(req, status=status)
