@@ -91,17 +91,18 @@ class KVCacheConfig:
     max_in_flight_tokens: TokenCount | None = None
     profile: Profile = Profile.V0_33
     hash_block_size_override: TokenCount | None = field(default=None)
+    # Derived once (the harness reads them on every step): see the class docstring.
+    hash_block_size: TokenCount = field(init=False, repr=False, compare=False)
+    scheduler_block_size: TokenCount = field(init=False, repr=False, compare=False)
 
-    @property
-    def hash_block_size(self) -> TokenCount:
-        if self.hash_block_size_override is not None:
-            return self.hash_block_size_override
-        sizes = [g.block_size for g in self.groups if g.is_prefix_cacheable] or [g.block_size for g in self.groups]
-        return TokenCount(math.gcd(*sizes))
-
-    @property
-    def scheduler_block_size(self) -> TokenCount:
-        return TokenCount(math.lcm(*(g.block_size for g in self.groups)))
+    def __post_init__(self) -> None:
+        every = [g.block_size for g in self.groups]
+        if not all(isinstance(b, int) and b > 0 for b in every):
+            every = []  # validate() names the bad field
+        cacheable = [g.block_size for g in self.groups if g.is_prefix_cacheable and g.block_size in every] or every
+        hbs = self.hash_block_size_override if self.hash_block_size_override is not None else math.gcd(*cacheable)
+        object.__setattr__(self, "hash_block_size", TokenCount(hbs))
+        object.__setattr__(self, "scheduler_block_size", TokenCount(math.lcm(*every)))
 
     @property
     def watermark_blocks(self) -> BlockCount:

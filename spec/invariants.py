@@ -154,13 +154,17 @@ def free_queue_well_formed(c: StateContext) -> str | None:
 @invariant("§9.3")
 def free_iff_unreferenced(c: StateContext) -> str | None:
     """For every real block: in the free queue exactly when ``ref_cnt == 0``; never negative."""
+    ref = c.state.pool.ref_cnt
+    unreferenced = {b for b, n in enumerate(ref) if n == 0}
+    unreferenced.discard(NULL_BLOCK_ID)
+    if unreferenced == c.free_set and min(ref) >= 0:
+        return None
     for b in range(1, c.state.pool.num_blocks):
-        ref = c.state.pool.ref_cnt[b]
-        if ref < 0:
-            return f"block {b} has negative ref_cnt {ref}"
-        if (ref == 0) != (b in c.free_set):
+        if ref[b] < 0:
+            return f"block {b} has negative ref_cnt {ref[b]}"
+        if (ref[b] == 0) != (b in c.free_set):
             where = "in" if b in c.free_set else "not in"
-            return f"block {b} has ref_cnt {ref} but is {where} the free queue"
+            return f"block {b} has ref_cnt {ref[b]} but is {where} the free queue"
     return None
 
 
@@ -178,11 +182,15 @@ def conservation(c: StateContext) -> str | None:
 def ref_count_equals_references(c: StateContext) -> str | None:
     """A real block's ref count is the number of table slots, over all groups and requests, that
     hold it: a reference taken is a reference held."""
-    for b in range(1, c.state.pool.num_blocks):
-        held = len(c.references.get(BlockId(b), ()))
-        if c.state.pool.ref_cnt[b] != held:
-            return f"block {b} has ref_cnt {c.state.pool.ref_cnt[b]} but {held} table reference(s) {c.references.get(BlockId(b), [])}"
-    return None
+    expected = [0] * c.state.pool.num_blocks
+    for b, refs in c.references.items():
+        expected[b] = len(refs)
+    expected[NULL_BLOCK_ID] = c.state.pool.ref_cnt[NULL_BLOCK_ID]  # not maintained (§9.1)
+    if tuple(expected) == c.state.pool.ref_cnt:
+        return None
+    bad = next(i for i, n in enumerate(expected) if n != c.state.pool.ref_cnt[i])
+    refs = c.references.get(BlockId(bad), [])
+    return f"block {bad} has ref_cnt {c.state.pool.ref_cnt[bad]} but {expected[bad]} table reference(s) {refs}"
 
 
 @invariant("§9.6")
@@ -242,6 +250,10 @@ def hash_map_matches_blocks(c: StateContext) -> str | None:
     key, keys map to at least one block and never list a block twice (several blocks per key are
     allowed: there is no dedup)."""
     pool = c.state.pool
+    from_map = [(key, b) for key, blocks in pool.cached.items() for b in blocks]
+    from_blocks = {(key, b) for b, key in enumerate(pool.block_key) if key is not None}
+    if len(from_map) == len(from_blocks) and set(from_map) == from_blocks and all(pool.cached.values()):
+        return None
     for key, blocks in pool.cached.items():
         if not blocks:
             return f"key {key.hex()[:16]} maps to no block"
@@ -250,11 +262,10 @@ def hash_map_matches_blocks(c: StateContext) -> str | None:
         for b in blocks:
             if pool.block_key[b] != key:
                 return f"block {b} is stored under key {key.hex()[:16]} but carries {_short(pool.block_key[b])}"
-    for blk in range(1, pool.num_blocks):
-        own = pool.block_key[blk]
+    for blk, own in enumerate(pool.block_key):
         if own is not None and blk not in pool.cached.get(own, ()):
             return f"block {blk} carries key {own.hex()[:16]} but is not stored under it"
-    return None
+    return "the map and the blocks' keys disagree"
 
 
 @invariant("§9.10")

@@ -3,16 +3,15 @@
 from dataclasses import replace
 
 import pytest
+from spec_helpers import admit, config
 
 from spec import kv_cache_manager as m
-from spec.block_pool import BlockPool
 from spec.config import Profile, full_attention, sliding_window
 from spec.events import BlockStored
 from spec.invariants import INVARIANTS, StepContext, check_invariants, check_step
 from spec.request import append_output_token_ids, make_request
 from spec.state import GroupState, KVCacheManagerState
 from spec.types import BlockHash, BlockId, GroupId
-from spec_helpers import admit, config
 
 
 def scenario():

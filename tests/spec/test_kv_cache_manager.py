@@ -2,6 +2,7 @@
 and the seed article's ``comp | new_comp | ext_comp | new | lookahead`` diagram."""
 
 import pytest
+from spec_helpers import admit, config
 
 from spec import kv_cache_manager as m
 from spec.config import ConfigError, KVCacheConfig, Profile, cross_attention, full_attention, sliding_window
@@ -14,7 +15,6 @@ from spec.request import (
     with_status,
 )
 from spec.types import NULL_BLOCK_ID, GroupId
-from spec_helpers import admit, config
 
 
 def ids(blocks):
