@@ -1,13 +1,21 @@
 """The block pool: ref counts, the free queue, the hash -> blocks map, events.
 
 Models vLLM 0.33.0 ``vllm/v1/core/block_pool.py`` (``BlockPool``, ``FreeKVCacheBlockQueue``,
-``BlockHashToBlockMap``) for the core scope: no partial (sub-block) hashes, no secondary keys, no
-host tiers, no reuse watchers.  The pool is a value: each operation returns a new pool.
+``BlockHashToBlockMap``) for the core scope: no copy-on-write, no host tiers, no reuse watchers.
+The pool is a value: each operation returns a new pool.
+
+Partial entries are in scope because vLLM 0.33 creates them without any partial-hit feature being
+on: a full-attention group whose block is wider than the hash block also publishes the prompt's
+last hash boundary when it falls inside a block (``cache_partial_block``).  Such a key is the
+block's primary key if it had none, else a secondary key; it is dropped when the block is promoted
+to its full key, evicted or reset.
 
 Representation (measured: tuples rebuilt per operation cost less than the invariant checks that
 follow every step, for pools of the sizes the harness uses):
-- ``ref_cnt[b]``, ``block_key[b]``: per block id; the null block (id 0) keeps ``ref_cnt == 0`` and
-  no key, since vLLM 0.33 skips it in ``touch`` and ``free_blocks``.
+- ``ref_cnt[b]``, ``block_key[b]``, ``block_key_tokens[b]``: per block id, the ref count, the
+  primary key and how many prefix tokens it covers; the null block (id 0) keeps ``ref_cnt == 0``
+  and no key, since vLLM 0.33 skips it in ``touch`` and ``free_blocks``.
+- ``secondary_keys[b]``: further keys stored for block b (vLLM ``cached_block_hashes_by_block``).
 - ``free_queue``: block ids from the front (handed out and evicted first) to the tail.
 - ``cached``: map key -> block ids stored under it, oldest first; vLLM's ``get_one_block`` returns
   the oldest, and there is no dedup (two blocks may hold the same key).
@@ -43,6 +51,8 @@ class BlockPool:
     enable_kv_cache_events: bool
     ref_cnt: tuple[int, ...]
     block_key: tuple[BlockKey | None, ...]
+    block_key_tokens: tuple[int | None, ...]
+    secondary_keys: Mapping[BlockId, tuple[BlockKey, ...]]
     free_queue: tuple[BlockId, ...]
     cached: Mapping[BlockKey, tuple[BlockId, ...]]
     events: tuple[Event, ...]
@@ -61,6 +71,8 @@ def init_block_pool(
         enable_kv_cache_events=enable_kv_cache_events,
         ref_cnt=(0,) * num_blocks,
         block_key=(None,) * num_blocks,
+        block_key_tokens=(None,) * num_blocks,
+        secondary_keys={},
         free_queue=tuple(BlockId(b) for b in range(1, num_blocks)),
         cached={},
         events=(),
@@ -131,9 +143,11 @@ def get_new_blocks(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[B
     if num_blocks > len(pool.free_queue):
         raise ValueError(f"Cannot get {num_blocks} free blocks from the pool ({len(pool.free_queue)} free)")
     taken = pool.free_queue[:num_blocks]
-    if pool.enable_caching:
+    if pool.enable_caching and any(pool.block_key[b] is not None for b in taken):
+        edit = _HashEdit(pool)
         for b in taken:
-            pool = _maybe_evict_cached_block(pool, b)
+            edit.maybe_evict_cached_block(b)
+        pool = edit.freeze()
     ref = list(pool.ref_cnt)
     for b in taken:
         assert ref[b] == 0, f"block {b} in the free queue has ref_cnt {ref[b]}"
@@ -165,6 +179,77 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
     return replace(pool, ref_cnt=tuple(ref), free_queue=tuple(to_front) + pool.free_queue + tuple(to_tail))
 
 
+class _HashEdit:
+    """A private, mutable copy of the pool's hash bookkeeping, for one operation.
+
+    vLLM's helpers (``_insert_block_hash``, ``_remove_cached_block_hashes``,
+    ``_maybe_evict_cached_block``) mutate the pool step by step; the spec copies the hash fields
+    once per operation into this buffer, runs the same steps, and freezes the result.
+    """
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.keys = list(pool.block_key)
+        self.key_tokens = list(pool.block_key_tokens)
+        self.secondary = dict(pool.secondary_keys)
+        self.cached = dict(pool.cached)
+        self.events = list(pool.events)
+
+    def freeze(self) -> BlockPool:
+        return replace(
+            self.pool,
+            block_key=tuple(self.keys),
+            block_key_tokens=tuple(self.key_tokens),
+            secondary_keys=self.secondary,
+            cached=self.cached,
+            events=tuple(self.events),
+        )
+
+    def contains(self, key: BlockKey, b: BlockId) -> bool:
+        return b in self.cached.get(key, ())
+
+    def insert_block_hash(self, key: BlockKey, b: BlockId, num_tokens: int) -> None:
+        """vLLM 0.33 ``_insert_block_hash``: the first key becomes the block's primary, later ones
+        secondary; the map gains the block under the key (after any other block: no dedup)."""
+        if self.keys[b] == key or self.contains(key, b):
+            return
+        if self.keys[b] is None:
+            self.keys[b] = key
+            self.key_tokens[b] = num_tokens
+        else:
+            self.secondary[b] = self.secondary.get(b, ()) + (key,)
+        self.cached[key] = self.cached.get(key, ()) + (b,)
+
+    def remove_cached_block_hashes(self, b: BlockId) -> list[BlockKey]:
+        """vLLM 0.33 ``_remove_cached_block_hashes``: pop the block from the map under its primary
+        and secondary keys (other blocks under a key stay), then forget its hash.  Returns the keys
+        actually removed."""
+        primary = self.keys[b]
+        keys = ([primary] if primary is not None else []) + list(self.secondary.pop(b, ()))
+        removed = []
+        for key in keys:
+            holders = self.cached.get(key, ())
+            if b in holders:
+                rest = tuple(x for x in holders if x != b)
+                if rest:
+                    self.cached[key] = rest
+                else:
+                    del self.cached[key]
+                removed.append(key)
+        self.keys[b] = None
+        self.key_tokens[b] = None
+        return removed
+
+    def emit_block_removed(self, keys: Sequence[BlockKey]) -> None:
+        if self.pool.enable_kv_cache_events:
+            self.events.extend(BlockRemoved((get_block_hash(k),), get_group_id(k)) for k in keys)
+
+    def maybe_evict_cached_block(self, b: BlockId) -> None:
+        """vLLM 0.33 ``_maybe_evict_cached_block``: drop every key of the block, one
+        ``BlockRemoved`` per key removed."""
+        self.emit_block_removed(self.remove_cached_block_hashes(b))
+
+
 def cache_full_blocks(
     pool: BlockPool,
     all_token_ids: Sequence[int],
@@ -180,72 +265,93 @@ def cache_full_blocks(
 
     Publish ``blocks[num_cached_blocks:num_full_blocks]`` under ``block_hashes[i] ++ group_id``;
     ``block_hashes`` is the request's hash list already viewed at ``block_size``.  Null blocks and
-    blocks whose ``block_mask`` entry (aligned with the new range) is False are skipped.  One
+    blocks whose ``block_mask`` entry (aligned with the new range) is False are skipped.  A block
+    that carries a partial entry is promoted: its old keys go first (``BlockRemoved``).  One
     ``BlockStored`` covers the whole token range, even when every block was skipped.
     """
     if num_cached_blocks >= num_full_blocks:
         return pool
     assert len(block_hashes) >= num_full_blocks, "caching a block whose hash does not exist yet"
     assert len(blocks) >= num_full_blocks, "caching past the end of the block table"
-    keys = list(pool.block_key)
-    cached = dict(pool.cached)
-    stored: list[BlockHash] = []
     assert block_mask is None or len(block_mask) == num_full_blocks - num_cached_blocks
+    edit = _HashEdit(pool)
+    stored: list[BlockHash] = []
     for i in range(num_cached_blocks, num_full_blocks):
         b = blocks[i]
         if b == NULL_BLOCK_ID or (block_mask is not None and not block_mask[i - num_cached_blocks]):
             continue
-        # Only partial->full promotion (out of scope) may find a hash already set.
-        assert keys[b] is None, f"block {b} is already hashed"
-        key = make_block_key(block_hashes[i], group_id)
-        keys[b] = key
-        cached[key] = cached.get(key, ()) + (b,)
+        num_hash_tokens = (i + 1) * block_size
+        if edit.keys[b] is not None:
+            # Only a partial entry of this very block may be there: promote it.
+            tokens = edit.key_tokens[b]
+            assert tokens is not None and tokens < num_hash_tokens, f"block {b} is already hashed"
+            edit.emit_block_removed(edit.remove_cached_block_hashes(b))
+        edit.insert_block_hash(make_block_key(block_hashes[i], group_id), b, num_hash_tokens)
         stored.append(block_hashes[i])
-    events = pool.events
     if pool.enable_kv_cache_events:
         parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-        events += (
+        edit.events.append(
             BlockStored(
                 block_hashes=tuple(stored),
                 parent_block_hash=parent,
                 token_ids=tuple(all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]),
                 block_size=TokenCount(block_size),
                 group_id=group_id,
-            ),
+            )
         )
-    return replace(pool, block_key=tuple(keys), cached=cached, events=events)
+    return edit.freeze()
 
 
-def _maybe_evict_cached_block(pool: BlockPool, block_id: BlockId) -> BlockPool:
-    """vLLM 0.33 ``BlockPool._maybe_evict_cached_block``: drop the block's key from the map (only
-    this block: other blocks under the same key stay), reset its hash, one ``BlockRemoved``."""
-    key = pool.block_key[block_id]
-    if key is None:
+def cache_partial_block(
+    pool: BlockPool,
+    all_token_ids: Sequence[int],
+    fine_block_hashes: Sequence[BlockHash],
+    block: BlockId,
+    num_tokens: int,
+    hash_block_size: int,
+    group_id: GroupId,
+) -> BlockPool:
+    """vLLM 0.33 ``BlockPool.cache_partial_block``: make ``block`` reachable under the prefix
+    hash at ``num_tokens`` (a multiple of the hash block size inside the block).
+
+    The key is the request's fine hash at that boundary.  A shorter entry the block already
+    carries is removed first; nothing happens if the key is already there.  The ``BlockStored``
+    covers just the last hash block before the boundary.
+    """
+    if block == NULL_BLOCK_ID:
         return pool
-    cached = dict(pool.cached)
-    holders = cached.get(key, ())
-    removed = block_id in holders
-    if removed:
-        rest = tuple(b for b in holders if b != block_id)
-        if rest:
-            cached[key] = rest
-        else:
-            del cached[key]
-    keys = list(pool.block_key)
-    keys[block_id] = None
-    events = pool.events
-    if removed and pool.enable_kv_cache_events:
-        events += (BlockRemoved(block_hashes=(get_block_hash(key),), group_id=get_group_id(key)),)
-    return replace(pool, block_key=tuple(keys), cached=cached, events=events)
+    assert num_tokens % hash_block_size == 0 and 0 < num_tokens // hash_block_size <= len(fine_block_hashes)
+    num_hash_blocks = num_tokens // hash_block_size
+    block_hash = fine_block_hashes[num_hash_blocks - 1]
+    key = make_block_key(block_hash, group_id)
+    edit = _HashEdit(pool)
+    already_cached = edit.keys[block] == key or edit.contains(key, block)
+    tokens = edit.key_tokens[block]
+    if not already_cached and edit.keys[block] is not None and tokens is not None and tokens < num_tokens:
+        edit.emit_block_removed(edit.remove_cached_block_hashes(block))
+    edit.insert_block_hash(key, block, num_tokens)
+    if pool.enable_kv_cache_events and not already_cached:
+        start = (num_hash_blocks - 1) * hash_block_size
+        edit.events.append(
+            BlockStored(
+                block_hashes=(block_hash,),
+                parent_block_hash=fine_block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None,
+                token_ids=tuple(all_token_ids[start:num_tokens]),
+                block_size=TokenCount(num_tokens - start),
+                group_id=group_id,
+            )
+        )
+    return edit.freeze()
 
 
 def evict_blocks(pool: BlockPool, block_ids: Iterable[int]) -> BlockPool:
     """vLLM 0.33 ``BlockPool.evict_blocks``: remove the hashes of the given blocks whatever their
     ref count; ref counts and the free queue are untouched (used after KV-load failures)."""
+    edit = _HashEdit(pool)
     for b in block_ids:
         assert 0 <= b < pool.num_blocks, f"invalid block id {b} (pool has {pool.num_blocks} blocks)"
-        pool = _maybe_evict_cached_block(pool, BlockId(b))
-    return pool
+        edit.maybe_evict_cached_block(BlockId(b))
+    return edit.freeze()
 
 
 def reset_prefix_cache(pool: BlockPool) -> tuple[BlockPool, bool]:
@@ -254,7 +360,8 @@ def reset_prefix_cache(pool: BlockPool) -> tuple[BlockPool, bool]:
     if pool.num_blocks - len(pool.free_queue) != 1:  # the null block always counts as used
         return pool, False
     events = pool.events + ((AllBlocksCleared(),) if pool.enable_kv_cache_events else ())
-    return replace(pool, block_key=(None,) * pool.num_blocks, cached={}, events=events), True
+    none = (None,) * pool.num_blocks
+    return replace(pool, block_key=none, block_key_tokens=none, secondary_keys={}, cached={}, events=events), True
 
 
 def take_events(pool: BlockPool) -> tuple[BlockPool, tuple[Event, ...]]:

@@ -14,7 +14,10 @@ from spec.types import BlockHash, GroupId, TokenCount
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """One ``cache_full_blocks`` call that inserted at least one key (vLLM 0.33 ``BlockStored``)."""
+    """vLLM 0.33 ``BlockStored``: one per ``cache_full_blocks`` call that advanced the cached count
+    (``block_hashes`` lists the blocks actually published and may be empty when every newly full
+    slot was a null or masked block), and one per new partial entry (``block_size`` is then the
+    hash block size)."""
 
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None

@@ -117,9 +117,7 @@ def get_hash_fn(algo: HashAlgo) -> HashFn:
     try:
         return _HASH_FNS[algo]
     except KeyError:
-        raise ValueError(
-            f"unsupported hash algorithm {algo!r}; expected one of {sorted(_HASH_FNS)}"
-        ) from None
+        raise ValueError(f"unsupported hash algorithm {algo!r}; expected one of {sorted(_HASH_FNS)}") from None
 
 
 _NONE_HASHES: dict[tuple[str, str], BlockHash] = {}

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from spec.config import KVCacheConfig, Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from spec.hashing import extend_block_hashes
-from spec.request import Request
+from spec.request import PROCESS_HASH_SEED, Request
 from spec.state import KVCacheManagerState
 from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, BlockKey, GroupId, RequestId, get_group_id, make_block_key
 
@@ -252,6 +252,7 @@ def hash_map_matches_blocks(c: StateContext) -> str | None:
     pool = c.state.pool
     from_map = [(key, b) for key, blocks in pool.cached.items() for b in blocks]
     from_blocks = {(key, b) for b, key in enumerate(pool.block_key) if key is not None}
+    from_blocks.update((key, b) for b, keys in pool.secondary_keys.items() for key in keys)
     if len(from_map) == len(from_blocks) and set(from_map) == from_blocks and all(pool.cached.values()):
         return None
     for key, blocks in pool.cached.items():
@@ -265,45 +266,69 @@ def hash_map_matches_blocks(c: StateContext) -> str | None:
     for blk, own in enumerate(pool.block_key):
         if own is not None and blk not in pool.cached.get(own, ()):
             return f"block {blk} carries key {own.hex()[:16]} but is not stored under it"
+        if own is None and blk in pool.secondary_keys:
+            return f"block {blk} has secondary keys but no primary key"
     return "the map and the blocks' keys disagree"
 
 
 @invariant("§9.10")
 def hashed_means_full_and_correct(c: StateContext) -> str | None:
-    """A table slot below the cached count holds a block hashed with exactly the request's hash at
-    that index (or a null, or a block the hybrid reachability mask left unhashed, or one whose hash
-    ``evict_blocks`` removed); a slot at or above it holds an unhashed block: nothing partial or
-    unverified is ever published."""
+    """A table slot below the cached count holds a block whose key is exactly the request's hash
+    at that index ++ group id (or a null, or a block the hybrid reachability mask left unhashed, or
+    one whose hash ``evict_blocks`` removed); a slot at or above it holds an unhashed block, or one
+    carrying only a partial entry: a hash boundary inside that very block (vLLM 0.33
+    ``cache_partial_block``).  Nothing beyond the verified tokens is ever published."""
     pool = c.state.pool
+    hbs = c.config.hash_block_size
     for gid, group in enumerate(c.state.groups):
+        bs = c.config.groups[gid].block_size
+        scale = bs // hbs
         for rid, table in group.req_to_blocks.items():
             cached = group.num_cached_block.get(rid, 0)
             if rid not in c.requests:
                 return f"group {gid} holds a table for unknown request {rid!r}"
             view = c.view_hashes(rid, gid)
+            fine = c.requests[rid].block_hashes
             for i, b in enumerate(table):
                 if b == NULL_BLOCK_ID:
                     continue
                 key = pool.block_key[b]
+                inside = {make_block_key(h, GroupId(gid)) for h in fine[i * scale : (i + 1) * scale - 1]}
+                for extra in pool.secondary_keys.get(b, ()):
+                    if extra not in inside:
+                        return f"group {gid} request {rid!r} slot {i} (block {b}) has a secondary key that is not a boundary inside it"
                 if i >= cached:
-                    if key is not None:
+                    if key is not None and key not in inside:
                         return (
                             f"group {gid} request {rid!r} slot {i} (block {b}) is hashed but not yet cached ({cached})"
                         )
                     continue
                 if key is None:
-                    if c.evict_called or _masked(c.config, gid):
+                    if c.evict_called or _masked(c.config, gid, i):
                         continue
                     return f"group {gid} request {rid!r} slot {i} (block {b}) is below the cached count {cached} but unhashed"
                 if i >= len(view) or key != make_block_key(view[i], GroupId(gid)):
                     return f"group {gid} request {rid!r} slot {i} (block {b}) is hashed with a key that is not the request's hash {i}"
+                if pool.block_key_tokens[b] != (i + 1) * bs:
+                    return (
+                        f"block {b} holds a full key but records {pool.block_key_tokens[b]} tokens, not {(i + 1) * bs}"
+                    )
     return None
 
 
-def _masked(config: KVCacheConfig, gid: int) -> bool:
-    """Could the hybrid reachability mask have left a block of this group unhashed?"""
+def _masked(config: KVCacheConfig, gid: int, index: int) -> bool:
+    """Could vLLM 0.33's reachability mask have left slot ``index`` of this group unhashed?  A
+    sliding-window hit needs only the last ``cdiv(W - 1, bs)`` blocks before an aligned boundary,
+    so the other blocks of each ``scheduler_block_size`` segment are never published (with a
+    1-token window, none is)."""
     spec = config.groups[gid]
-    return config.enable_caching and len(config.groups) > 1 and spec.kind == "sliding_window"
+    if spec.kind != "sliding_window" or spec.sliding_window is None:
+        return False
+    if config.scheduler_block_size % spec.block_size:
+        return False
+    per_segment = config.scheduler_block_size // spec.block_size
+    need = -(-(spec.sliding_window - 1) // spec.block_size)
+    return need < per_segment and index % per_segment < per_segment - need
 
 
 @invariant("§9.11")
@@ -351,7 +376,9 @@ def _recompute_hashes(req: Request) -> tuple[BlockHash, ...]:
     if hashes is None:
         if len(_HASH_MEMO) > 4096:
             _HASH_MEMO.clear()
-        hashes = extend_block_hashes((), req.all_token_ids, req.features, req.hash_block_size, req.hash_algo)
+        hashes = extend_block_hashes(
+            (), req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, PROCESS_HASH_SEED
+        )
         _HASH_MEMO[memo_key] = hashes
     return hashes
 
@@ -639,15 +666,19 @@ def free_order(s: StepContext) -> str | None:
 @invariant("P5", "step")
 def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     """``cache_blocks``: no ref count or queue change; cached counts only grow; blocks only gain
-    hashes, never lose them."""
+    hashes, never lose them (a partial entry is replaced by the block's full key)."""
     if s.op != "cache_blocks":
         return None
     b, a = s.before, s.after
     if a.pool.ref_cnt != b.pool.ref_cnt or a.pool.free_queue != b.pool.free_queue:
         return "cache_blocks changed ref counts or the free queue"
     for blk in range(1, b.pool.num_blocks):
-        if b.pool.block_key[blk] is not None and a.pool.block_key[blk] != b.pool.block_key[blk]:
-            return f"cache_blocks changed the hash of block {blk}"
+        old, new = b.pool.block_key[blk], a.pool.block_key[blk]
+        if old is not None and new != old:
+            # Only a partial entry may give way, to the longer (full) key of the same block.
+            grew = (b.pool.block_key_tokens[blk] or 0) < (a.pool.block_key_tokens[blk] or 0)
+            if new is None or not grew:
+                return f"cache_blocks changed the hash of block {blk}"
     for gid, (gb, ga) in enumerate(zip(b.groups, a.groups)):
         for rid, n in gb.num_cached_block.items():
             if ga.num_cached_block.get(rid, 0) < n:

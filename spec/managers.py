@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from spec import arith
-from spec.block_pool import cache_full_blocks, free_blocks, get_cached_block, get_new_blocks, touch
+from spec.block_pool import cache_full_blocks, cache_partial_block, free_blocks, get_cached_block, get_new_blocks, touch
 from spec.config import AttentionSpec
 from spec.request import Request
 from spec.state import (
@@ -330,9 +330,21 @@ def cache_blocks(
 ) -> KVCacheManagerState:
     """vLLM 0.33 ``SingleTypeKVCacheManager.cache_blocks``: publish the newly full blocks (only as
     far as hashes exist) and record how many table positions are now cached.  Nothing is written
-    when nothing new is full (so a request with no full block stays out of ``num_cached_block``)."""
+    when nothing new is full (so a request with no full block stays out of ``num_cached_block``).
+    A full-attention group wider than the hash block then also publishes the prompt's tail
+    boundary (``FullAttentionManager.cache_blocks``), even when nothing new was full."""
     spec = state.config.groups[gid]
     assert spec.kind != "cross", "cross-attention blocks cannot be cached"
+    state = _cache_full_blocks(state, gid, request, num_tokens, alignment)
+    if spec.kind == "full" and spec.block_size != state.config.hash_block_size:
+        state = cache_partial_tail_block(state, gid, request, num_tokens)
+    return state
+
+
+def _cache_full_blocks(
+    state: KVCacheManagerState, gid: GroupId, request: Request, num_tokens: int, alignment: int
+) -> KVCacheManagerState:
+    spec = state.config.groups[gid]
     rid = request.request_id
     num_cached = state.groups[gid].num_cached_block.get(rid, 0)
     num_full = arith.get_num_full_blocks_to_cache(
@@ -347,6 +359,33 @@ def cache_blocks(
         state.pool, request.all_token_ids, view, table, num_cached, num_full, spec.block_size, gid, mask
     )
     return with_num_cached_block(with_pool(state, pool), gid, rid, num_full)
+
+
+def get_partial_tail_boundary(request: Request, hash_block_size: int) -> int:
+    """vLLM 0.33 ``FullAttentionManager._cache_partial_tail_block``: the last hash boundary a
+    resend of this prompt could hit, ``num_prompt_tokens - 1`` rounded down to hash blocks."""
+    limit = request.num_prompt_tokens - 1
+    return min(arith.floordiv(limit, hash_block_size), len(request.block_hashes)) * hash_block_size
+
+
+def cache_partial_tail_block(
+    state: KVCacheManagerState, gid: GroupId, request: Request, num_tokens: int
+) -> KVCacheManagerState:
+    """vLLM 0.33 ``_cache_partial_tail_block``: when that boundary is computed and falls strictly
+    inside a block of this group, publish it as a partial entry of that block."""
+    spec = state.config.groups[gid]
+    hbs = state.config.hash_block_size
+    boundary = get_partial_tail_boundary(request, hbs)
+    if boundary == 0 or boundary > num_tokens or boundary % spec.block_size == 0:
+        return state
+    table = get_table(state, gid, request.request_id)
+    index = boundary // spec.block_size
+    if index >= len(table):
+        return state
+    pool = cache_partial_block(
+        state.pool, request.all_token_ids, request.block_hashes, table[index], boundary, hbs, gid
+    )
+    return with_pool(state, pool)
 
 
 # --- releasing -----------------------------------------------------------------------------------------

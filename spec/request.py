@@ -8,6 +8,7 @@ vLLM's block hasher does after construction and after each append: full blocks o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -15,6 +16,10 @@ from enum import Enum
 from spec.config import HashAlgo, KVCacheConfig
 from spec.hashing import HashFeatures, MMFeature, extend_block_hashes
 from spec.types import BlockHash, RequestId, TokenCount
+
+PROCESS_HASH_SEED: str | None = os.environ.get("PYTHONHASHSEED")
+"""vLLM 0.33 ``init_none_hash`` seeds NONE_HASH from ``PYTHONHASHSEED`` when it is set, once per
+process; the spec reads it once too, so spec and vLLM agree in the same environment."""
 
 
 class RequestStatus(str, Enum):
@@ -69,6 +74,7 @@ def make_request(
     lora: tuple[str, str] | None = None,
     mm_features: Sequence[MMFeature] = (),
     cache_salt: str | None = None,
+    prompt_embeds: Sequence[bytes] | None = None,
     skip_reading_prefix_cache: bool = False,
 ) -> Request:
     """A new WAITING request with its full prompt blocks hashed (vLLM 0.33 ``Request.__init__``
@@ -100,7 +106,9 @@ def make_request(
 def _rehash(req: Request) -> Request:
     if not req.hashing_enabled:
         return req
-    hashes = extend_block_hashes(req.block_hashes, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo)
+    hashes = extend_block_hashes(
+        req.block_hashes, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, PROCESS_HASH_SEED
+    )
     return replace(req, block_hashes=hashes)
 
 

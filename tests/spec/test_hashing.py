@@ -126,9 +126,7 @@ def test_none_hash_uses_pythonhashseed_when_given() -> None:
     ],
     ids=["chain", "lora", "mm", "salt", "embeds-f32", "embeds-bf16", "cbor-all", "cbor-bigint"],
 )
-def test_block_hashes_match_vllm(
-    tokens: list[int], features: HashFeatures, algo: str, expected: list[str]
-) -> None:
+def test_block_hashes_match_vllm(tokens: list[int], features: HashFeatures, algo: str, expected: list[str]) -> None:
     assert _hex(extend_block_hashes((), tokens, features, 4, algo)) == expected  # type: ignore[arg-type]
 
 
@@ -258,9 +256,7 @@ def features_st(draw: st.DrawFn) -> HashFeatures:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    tokens=tokens_st, cuts=st.lists(st.integers(0, 60), max_size=5), f=features_st(), hbs=hbs_st, algo=algo_st
-)
+@given(tokens=tokens_st, cuts=st.lists(st.integers(0, 60), max_size=5), f=features_st(), hbs=hbs_st, algo=algo_st)
 def test_incremental_equals_from_scratch(
     tokens: list[int], cuts: list[int], f: HashFeatures, hbs: int, algo: str
 ) -> None:
@@ -294,9 +290,7 @@ cbor_leaf = (
     | st.booleans()
     | st.integers()
     | st.integers(-(2**130), 2**130)
-    | st.sampled_from(
-        [23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, 2**64, -(2**64), -(2**64) - 1]
-    )
+    | st.sampled_from([23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, 2**64, -(2**64), -(2**64) - 1])
     | st.binary(max_size=300)
     | st.text(max_size=300)
 )
@@ -333,9 +327,7 @@ def vllm_api() -> dict[str, Any]:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    def make_request(
-        prompt: list[int] | None, f: HashFeatures, hbs: int, algo: str, embeds: Any = None
-    ) -> Any:
+    def make_request(prompt: list[int] | None, f: HashFeatures, hbs: int, algo: str, embeds: Any = None) -> Any:
         fn = {"sha256": sha256, "sha256_cbor": sha256_cbor}[algo]
         init_none_hash(fn)
         mm = [
@@ -347,9 +339,7 @@ def vllm_api() -> dict[str, Any]:
             )
             for m in f.mm_features
         ]
-        lora = (
-            None if f.lora is None else LoRARequest(lora_name=f.lora[0], lora_int_id=1, lora_path=f.lora[1])
-        )
+        lora = None if f.lora is None else LoRARequest(lora_name=f.lora[0], lora_int_id=1, lora_path=f.lora[1])
         return Request(
             request_id="r",
             prompt_token_ids=prompt,

@@ -40,7 +40,9 @@ def with_pool(s: KVCacheManagerState, **kw) -> KVCacheManagerState:
 
 def with_group0(s: KVCacheManagerState, tables=None, cached=None) -> KVCacheManagerState:
     g = s.groups[0]
-    g = GroupState(tables if tables is not None else g.req_to_blocks, cached if cached is not None else g.num_cached_block)
+    g = GroupState(
+        tables if tables is not None else g.req_to_blocks, cached if cached is not None else g.num_cached_block
+    )
     return replace(s, groups=(g,) + s.groups[1:])
 
 
@@ -171,7 +173,10 @@ def _tampered_steps():
     freed = m.free(s, "a")
     hit = m.get_computed_blocks(s, reqs["b"])
     yield "lookup_is_pure_and_bounded", step("get_computed_blocks", s, freed, hit, reqs["b"])
-    yield "full_attention_hit_is_maximal", step("get_computed_blocks", s, s, replace(hit, blocks=((hit.blocks[0][0],),), num_hit_tokens=4), reqs["b"])
+    yield (
+        "full_attention_hit_is_maximal",
+        step("get_computed_blocks", s, s, replace(hit, blocks=((hit.blocks[0][0],),), num_hit_tokens=4), reqs["b"]),
+    )
     yield "failed_allocation_changes_nothing", step("allocate_slots", s, freed, None, reqs["a"], num_new_tokens=1)
     yield "successful_allocation_is_exact", _alloc_step(lambda st, new: (st, ((BlockId(1),),)))
     newcomer = make_request("c", list(range(8)) + [7], s.config)
@@ -180,7 +185,16 @@ def _tampered_steps():
     # the allocation "succeeded" but never put the hits into c's table
     yield "hits_are_adopted", step("allocate_slots", s, s, ((),), newcomer, num_new_tokens=1, new_computed_blocks=c_hit)
     yield "free_releases_everything", step("free", s, with_group0(freed, {"a": a_table}), None, request_id="a")
-    yield "free_order", step("free", s, replace(freed, pool=replace(freed.pool, free_queue=freed.pool.free_queue[::-1])), None, request_id="a")
+    yield (
+        "free_order",
+        step(
+            "free",
+            s,
+            replace(freed, pool=replace(freed.pool, free_queue=freed.pool.free_queue[::-1])),
+            None,
+            request_id="a",
+        ),
+    )
     yield "cache_blocks_publishes_full_blocks", step("cache_blocks", s, freed, None, reqs["a"])
     yield "cached_count_never_decreases", step("take_events", s, with_group0(s, cached={}), ())
     w, wreqs = swa_scenario()

@@ -196,8 +196,13 @@ def test_seed_diagram_comp_newcomp_extcomp_new_lookahead():
     assert hit.num_hit_tokens == 8
     free_before = len(s.pool.free_queue)
     s, new = m.allocate_slots(
-        s, req, num_new_tokens=10, num_new_computed_tokens=8, new_computed_blocks=hit,
-        num_lookahead_tokens=3, num_external_computed_tokens=12,
+        s,
+        req,
+        num_new_tokens=10,
+        num_new_computed_tokens=8,
+        new_computed_blocks=hit,
+        num_lookahead_tokens=3,
+        num_external_computed_tokens=12,
     )
     table = s.groups[0].req_to_blocks["r"]
     assert len(table) == 9  # cdiv(0 + 8 + 12 + 10 + 3, 4)
@@ -296,7 +301,9 @@ def test_caching_off_no_hashes_no_hits():
     s, _, _, _ = admit(s, req)
     s = m.free(s, "r")
     assert m.get_computed_blocks(s, make_request("q", list(range(9)), cfg)).num_hit_tokens == 0
-    assert m.allocate_slots(s, make_request("big", list(range(17)), cfg), 17)[1] is None  # vLLM test_basic_prefix_caching_disabled
+    assert (
+        m.allocate_slots(s, make_request("big", list(range(17)), cfg), 17)[1] is None
+    )  # vLLM test_basic_prefix_caching_disabled
 
 
 def test_reset_refused_while_in_use():
@@ -337,7 +344,11 @@ def test_bad_allocate_arguments_raise_clear_errors(kwargs, match):
         ([full_attention(4)], dict(num_blocks=0), "num_blocks"),
         ([full_attention(4)], dict(max_model_len=0), "max_model_len"),
         ([full_attention(4), cross_attention(4)], {}, "cross-attention groups require enable_caching=False"),
-        ([full_attention(6), sliding_window(4, 8)], dict(hash_block_size_override=4), "not a multiple of hash_block_size"),
+        (
+            [full_attention(6), sliding_window(4, 8)],
+            dict(hash_block_size_override=4),
+            "not a multiple of hash_block_size",
+        ),
         ([full_attention(4)], dict(watermark=1.5), "watermark"),
     ],
 )
@@ -367,3 +378,74 @@ def test_group_ids_are_part_of_the_key():
     keys = {s.pool.block_key[b] for b in new[0][:2] + new[1][:2]}
     assert len(keys) == 4 and {k[-4:] for k in keys} == {(0).to_bytes(4, "big"), (1).to_bytes(4, "big")}
     assert GroupId(1) in {int.from_bytes(k[-4:], "big") for k in keys}
+
+
+def test_features_separate_prefixes():
+    """vLLM test_cache_key_salting / test_mm_prefix_caching: a different salt, LoRA or mm item
+    gives a different chain, hence no hit; equal features hit."""
+    from spec.hashing import MMFeature
+
+    cfg = config([full_attention(4)], 30)
+    s = m.init_kv_cache_manager(cfg)
+    prompt = list(range(13))
+    s, _, _, _ = admit(
+        s, make_request("base", prompt, cfg, cache_salt="s1", lora=("a", "/a"), mm_features=[MMFeature("img", 2, 3)])
+    )
+    same = make_request("same", prompt, cfg, cache_salt="s1", lora=("a", "/a"), mm_features=[MMFeature("img", 2, 3)])
+    assert m.get_computed_blocks(s, same).num_hit_tokens == 12
+    for other in (
+        make_request("salt", prompt, cfg, cache_salt="s2", lora=("a", "/a"), mm_features=[MMFeature("img", 2, 3)]),
+        make_request("lora", prompt, cfg, cache_salt="s1", lora=("b", "/a"), mm_features=[MMFeature("img", 2, 3)]),
+        make_request("mm", prompt, cfg, cache_salt="s1", lora=("a", "/a"), mm_features=[MMFeature("pic", 2, 3)]),
+    ):
+        assert m.get_computed_blocks(s, other).num_hit_tokens == 0, other.request_id
+    # an mm item in the third block only changes the chain from that block on
+    late = make_request(
+        "late",
+        prompt,
+        cfg,
+        cache_salt="s1",
+        lora=("a", "/a"),
+        mm_features=[MMFeature("img", 2, 3), MMFeature("x", 9, 2)],
+    )
+    assert m.get_computed_blocks(s, late).num_hit_tokens == 8
+
+
+def test_states_are_values():
+    """No operation mutates the state (or request) it is given."""
+    cfg = config([sliding_window(4, 8)], 12, enable_kv_cache_events=True)
+    s0 = m.init_kv_cache_manager(cfg)
+    s1, r, _, _ = admit(s0, make_request("r", list(range(13)), cfg))
+    frozen = repr(s1)
+    r2 = append_output_token_ids(r, [1] * 9)
+    m.allocate_slots(s1, r2, 9)
+    m.free(s1, "r")
+    m.evict_blocks(s1, [1, 2])
+    m.reset_prefix_cache(s1)
+    m.take_events(s1)
+    m.cache_blocks(s1, r, 12)
+    m.remove_skipped_blocks(s1, "r", 20)
+    assert repr(s1) == frozen
+
+
+def test_partial_tail_entry_for_wide_full_attention_blocks():
+    """vLLM 0.33 FullAttentionManager._cache_partial_tail_block: with FA bs 4 over hash bs 2, the
+    prompt's last hash boundary (6 of a 7-token prompt) is published as an extra key of the FA
+    block holding it, with a one-hash-block event; evicting the block removes both keys."""
+    from spec.events import BlockRemoved, BlockStored
+
+    cfg = config([full_attention(4), sliding_window(2, 4)], 13, enable_kv_cache_events=True)
+    s = m.init_kv_cache_manager(cfg)
+    s, r, _, new = admit(s, make_request("r0", list(range(7)), cfg))
+    fa_block = new[0][1]
+    s, _ = m.take_events(s)
+    r = append_output_token_ids(r, [100])
+    s, _ = m.allocate_slots(s, r, 1)
+    s, events = m.take_events(s)
+    hashes = r.block_hashes
+    partial = [e for e in events if isinstance(e, BlockStored) and e.group_id == 0 and e.block_size == 2]
+    assert partial == [BlockStored((hashes[2],), hashes[1], (4, 5), 2, GroupId(0))]
+    assert s.pool.secondary_keys[fa_block] == (hashes[2] + (0).to_bytes(4, "big"),)
+    s = m.evict_blocks(s, [fa_block])
+    s, events = m.take_events(s)
+    assert events == (BlockRemoved((hashes[3],), GroupId(0)), BlockRemoved((hashes[2],), GroupId(0)))
