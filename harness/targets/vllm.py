@@ -1,0 +1,447 @@
+"""The real vLLM 0.33.0 ``KVCacheManager`` as a kvspec target.
+
+``VllmTarget`` drives an unmodified ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (on CPU; no
+model, engine or ``VllmConfig``) with real ``Request`` objects, and reports its state in the spec's
+vocabulary.  The harness treats it like any other target (``harness.targets.base.Target``):
+
+* ``reset`` builds the manager from kvspec's ``KVCacheConfig`` with vLLM's own ``KVCacheConfig`` /
+  ``KVCacheGroupSpec`` / ``*AttentionSpec`` classes (head count, head size and dtype are dummies: the
+  manager never touches KV contents) and seeds vLLM's process-global ``NONE_HASH``.
+* ``apply`` plays one ``harness.ops`` operation on the manager or on a request, as vLLM 0.33's
+  scheduler would, and returns the outcome in the JSON form of ``base.py``.  vLLM's exceptions
+  propagate unchanged: the harness turns them into findings.
+* ``observe`` is the one function here that reads vLLM internals (single-type managers' tables, the
+  block pool's blocks, free list and hash map, the requests' block hashes).
+
+vLLM is imported lazily, on the first ``VllmTarget()``: importing this module is free, and a missing
+vLLM shows up as ``VllmUnavailable`` naming the install command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+from harness.observation import Observation, event_to_json
+from harness.ops import (
+    AddRequest,
+    AllocateSlots,
+    AppendOutputTokens,
+    CacheBlocks,
+    EvictBlocks,
+    Free,
+    GetComputedBlocks,
+    MMFeatureSpec,
+    Op,
+    RemoveSkippedBlocks,
+    ResetPrefixCache,
+    SetNumComputedTokens,
+    SetSpecTokens,
+    SetStatus,
+    TakeEvents,
+)
+from harness.targets.base import Unsupported
+from spec.config import AttentionSpec, KVCacheConfig, Profile
+from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.types import BlockHash, GroupId, TokenCount
+
+SUPPORTED_VERSION = "0.33.0"
+
+_MASK64 = (1 << 64) - 1
+
+
+class VllmUnavailable(ImportError):
+    """vLLM 0.33.0 is not importable in this environment."""
+
+
+_V: SimpleNamespace | None = None
+
+
+def _vllm() -> SimpleNamespace:
+    """Import the pieces of vLLM 0.33.0 the adapter uses (once per process; ~6 s)."""
+    global _V
+    if _V is not None:
+        return _V
+    try:
+        import torch
+        import vllm._version as version
+        from vllm.distributed import kv_events
+        from vllm.lora.request import LoRARequest
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils import hashing
+        from vllm.v1 import kv_cache_interface as kvi
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.request import Request, RequestStatus
+    except ImportError as e:  # pragma: no cover - exercised only without vLLM
+        raise VllmUnavailable(
+            f"the vllm target needs vLLM {SUPPORTED_VERSION} (install it with `ci/setup --vllm`): {e}"
+        ) from e
+    if version.__version__ != SUPPORTED_VERSION:
+        raise VllmUnavailable(
+            f"the vllm target models vLLM {SUPPORTED_VERSION}, but vLLM {version.__version__} is installed"
+        )
+    _V = SimpleNamespace(
+        torch=torch,
+        version=version,
+        kv_events=kv_events,
+        LoRARequest=LoRARequest,
+        MultiModalFeatureSpec=MultiModalFeatureSpec,
+        PlaceholderRange=PlaceholderRange,
+        SamplingParams=SamplingParams,
+        hashing=hashing,
+        kvi=kvi,
+        kv_cache_utils=kv_cache_utils,
+        KVCacheManager=KVCacheManager,
+        Request=Request,
+        RequestStatus=RequestStatus,
+    )
+    return _V
+
+
+def vllm_version() -> str:
+    """``"vllm 0.33.0 (g4ba787ec9)"``: the release and the commit id from ``vllm/_version.py``."""
+    version = importlib.import_module("vllm._version")
+    commit = getattr(version, "__commit_id__", None)
+    return f"vllm {version.__version__}" + (f" ({commit})" if commit else "")
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def _make_attention_spec(v: SimpleNamespace, spec: AttentionSpec) -> Any:
+    """kvspec ``AttentionSpec`` -> vLLM 0.33 ``FullAttentionSpec`` / ``SlidingWindowSpec`` /
+    ``ChunkedLocalAttentionSpec`` / ``CrossAttentionSpec`` (one KV head of size 1: layout is irrelevant)."""
+    common = dict(block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+    if spec.kind == "full":
+        return v.kvi.FullAttentionSpec(**common)
+    if spec.kind == "sliding_window":
+        return v.kvi.SlidingWindowSpec(**common, sliding_window=spec.sliding_window)
+    if spec.kind == "chunked_local":
+        return v.kvi.ChunkedLocalAttentionSpec(**common, attention_chunk_size=spec.attention_chunk_size)
+    if spec.kind == "cross":
+        return v.kvi.CrossAttentionSpec(**common)
+    raise Unsupported(f"attention kind {spec.kind!r} has no vLLM 0.33 counterpart in this adapter")
+
+
+def _make_vllm_kv_cache_config(v: SimpleNamespace, config: KVCacheConfig) -> Any:
+    """vLLM 0.33 ``KVCacheConfig``: one ``KVCacheGroupSpec`` (one dummy layer) per kvspec group."""
+    groups = [
+        v.kvi.KVCacheGroupSpec([f"layer{gid}"], _make_attention_spec(v, g)) for gid, g in enumerate(config.groups)
+    ]
+    return v.kvi.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+# --- the target ---------------------------------------------------------------------------------
+
+
+class VllmTarget:
+    """vLLM 0.33.0's ``KVCacheManager``, driven through the kvspec ``Target`` protocol."""
+
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self._v = _vllm()
+        self._config: KVCacheConfig | None = None
+        self._manager: Any = None
+        self._requests: dict[str, Any] = {}
+        self._computed: dict[str, Any] = {}  # request id -> KVCacheBlocks from GetComputedBlocks
+        self._lora_ids: dict[str, int] = {}  # lora_name -> lora_int_id (not part of any hash)
+        self._hash_by_low64: dict[int, bytes | None] = {}  # event int hash -> BlockHash (None: ambiguous)
+        self._hash_memo: dict[str, tuple[bytes, ...]] = {}  # request id -> its observed block hashes
+
+    @property
+    def version(self) -> str:
+        return vllm_version()
+
+    # -- reset --
+
+    def reset(self, config: KVCacheConfig) -> None:
+        """Build a fresh vLLM ``KVCacheManager`` for ``config`` and seed ``NONE_HASH`` for its hash algo."""
+        if config.profile != Profile.V0_33:
+            raise Unsupported(f"vLLM 0.33.0 follows profile {Profile.V0_33.value!r}, not {config.profile.value!r}")
+        config.validate()
+        v = self._v
+        self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
+        # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
+        # that switching algos between resets (or between two targets) never chains from a stale seed.
+        v.kv_cache_utils.init_none_hash(self._hash_fn)
+        self._none_hash = v.kv_cache_utils.NONE_HASH
+        # vLLM 0.33 EngineCore gives requests a block hasher only when prefix caching is on (or a KV
+        # connector is configured, which kvspec does not model); otherwise block_hashes stays empty.
+        self._block_hasher = (
+            v.kv_cache_utils.get_request_block_hasher(config.hash_block_size, self._hash_fn)
+            if config.enable_caching
+            else None
+        )
+        self._manager = v.KVCacheManager(
+            _make_vllm_kv_cache_config(v, config),
+            max_model_len=config.max_model_len,
+            scheduler_block_size=config.scheduler_block_size,
+            hash_block_size=config.hash_block_size,
+            max_in_flight_tokens=config.max_in_flight_tokens,
+            enable_caching=config.enable_caching,
+            enable_kv_cache_events=config.enable_kv_cache_events,
+            watermark=config.watermark,
+        )
+        self._config = config
+        self._requests = {}
+        self._computed = {}
+        self._lora_ids = {}
+        self._hash_by_low64 = {}
+        self._hash_memo = {}
+
+    # -- apply --
+
+    def apply(self, op: Op) -> Any:
+        """Perform ``op`` on the manager (or on a request) and return its JSON outcome."""
+        if self._manager is None:
+            raise ValueError("VllmTarget.apply called before reset(config)")
+        handler = _HANDLERS.get(type(op))
+        if handler is None:
+            raise Unsupported(f"operation {type(op).__name__} is not modelled by the vllm target")
+        return handler(self, op)
+
+    def _request(self, request_id: str) -> Any:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise ValueError(f"unknown request {request_id!r} (no add_request before it)") from None
+
+    def _ensure_none_hash(self) -> None:
+        """Put this target's ``NONE_HASH`` back if another target (or algo) replaced the global."""
+        utils = self._v.kv_cache_utils
+        if getattr(utils, "NONE_HASH", None) != self._none_hash:
+            utils.NONE_HASH = self._none_hash
+
+    def _remember_hashes(self, hashes: Any) -> None:
+        """Index hashes by their low 64 bits: vLLM publishes event hashes as such ints by default
+        (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); every hash an event carries is a request hash."""
+        table = self._hash_by_low64
+        for h in hashes:
+            low = int.from_bytes(h, "big") & _MASK64
+            known = table.get(low, h)
+            table[low] = bytes(h) if known == h else None
+
+    def _add_request(self, op: AddRequest) -> None:
+        """vLLM 0.33 ``Request(...)`` with the block hasher (hashes every full block of the prompt)."""
+        if op.request_id in self._requests:
+            raise ValueError(f"request {op.request_id!r} already exists")
+        v = self._v
+        self._ensure_none_hash()
+        lora = None
+        if op.lora is not None:
+            lora_name, lora_path = op.lora  # passed through untouched: sha256 pickles these very objects
+            lora_int_id = self._lora_ids.setdefault(lora_name, len(self._lora_ids) + 1)
+            lora = v.LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
+        request = v.Request(
+            request_id=op.request_id,
+            prompt_token_ids=list(op.prompt_token_ids),
+            # prompt_logprobs makes SamplingParams set skip_reading_prefix_cache (vLLM 0.33 __post_init__)
+            sampling_params=v.SamplingParams(
+                max_tokens=16, prompt_logprobs=1 if op.skip_reading_prefix_cache else None
+            ),
+            pooling_params=None,
+            mm_features=[_make_mm_feature(v, m) for m in op.mm_features] or None,
+            lora_request=lora,
+            cache_salt=op.cache_salt,
+            block_hasher=self._block_hasher,
+        )
+        if request.skip_reading_prefix_cache != op.skip_reading_prefix_cache:
+            raise AssertionError("vLLM did not derive skip_reading_prefix_cache from prompt_logprobs")
+        self._requests[op.request_id] = request
+        self._remember_hashes(request.block_hashes)
+
+    def _append_output_tokens(self, op: AppendOutputTokens) -> None:
+        request = self._request(op.request_id)
+        self._ensure_none_hash()
+        before = len(request.block_hashes)
+        request.append_output_token_ids(list(op.token_ids))
+        self._remember_hashes(request.block_hashes[before:])
+
+    def _set_spec_tokens(self, op: SetSpecTokens) -> None:
+        self._request(op.request_id).spec_token_ids = list(op.token_ids)
+
+    def _set_num_computed_tokens(self, op: SetNumComputedTokens) -> None:
+        self._request(op.request_id).num_computed_tokens = op.num_computed_tokens
+
+    def _set_status(self, op: SetStatus) -> None:
+        self._request(op.request_id).status = self._v.RequestStatus[op.status]
+
+    def _get_computed_blocks(self, op: GetComputedBlocks) -> dict[str, Any]:
+        """vLLM 0.33 ``get_computed_blocks(request)``; the blocks are kept for this request's next
+        ``allocate_slots`` with ``use_computed_blocks`` (which consumes them)."""
+        blocks, num_hit_tokens, _shared_prefix_boundary = self._manager.get_computed_blocks(
+            self._request(op.request_id)
+        )
+        self._computed[op.request_id] = blocks
+        return {"block_ids": _block_ids(blocks), "num_hit_tokens": num_hit_tokens}
+
+    def _allocate_slots(self, op: AllocateSlots) -> dict[str, Any] | None:
+        """vLLM 0.33 ``allocate_slots``; ``new_computed_blocks`` is what ``get_computed_blocks`` returned
+        for this request when ``use_computed_blocks``, else None (the scheduler's running-request call)."""
+        request = self._request(op.request_id)
+        computed = None
+        if op.use_computed_blocks:
+            if op.request_id not in self._computed:
+                raise ValueError(f"allocate_slots({op.request_id!r}) uses computed blocks, but none were looked up")
+            computed = self._computed.pop(op.request_id)  # used once, as the scheduler does
+        new_blocks = self._manager.allocate_slots(
+            request,
+            op.num_new_tokens,
+            num_new_computed_tokens=op.num_new_computed_tokens,
+            new_computed_blocks=computed,
+            num_lookahead_tokens=op.num_lookahead_tokens,
+            num_external_computed_tokens=op.num_external_computed_tokens,
+            delay_cache_blocks=op.delay_cache_blocks,
+            num_encoder_tokens=op.num_encoder_tokens,
+            full_sequence_must_fit=op.full_sequence_must_fit,
+            reserved_blocks=op.reserved_blocks,
+        )
+        if new_blocks is None:
+            return None
+        return {"block_ids": _block_ids(new_blocks)}
+
+    def _free(self, op: Free) -> None:
+        self._manager.free(self._request(op.request_id))
+        self._computed.pop(op.request_id, None)
+
+    def _cache_blocks(self, op: CacheBlocks) -> None:
+        self._manager.cache_blocks(self._request(op.request_id), op.num_computed_tokens)
+
+    def _remove_skipped_blocks(self, op: RemoveSkippedBlocks) -> None:
+        self._manager.remove_skipped_blocks(op.request_id, op.num_computed_tokens)
+
+    def _evict_blocks(self, op: EvictBlocks) -> None:
+        self._manager.evict_blocks(set(op.block_ids))
+
+    def _reset_prefix_cache(self, op: ResetPrefixCache) -> bool:
+        return bool(self._manager.reset_prefix_cache())
+
+    def _take_events(self, op: TakeEvents) -> list[dict[str, Any]]:
+        return [event_to_json(self._to_spec_event(e)) for e in self._manager.take_events()]
+
+    # -- events --
+
+    def _block_hash(self, h: bytes | int) -> BlockHash:
+        """An event hash (raw bytes, or vLLM's low-64-bit int form) as the full ``BlockHash`` bytes."""
+        if isinstance(h, bytes):
+            return BlockHash(bytes(h))
+        full = self._hash_by_low64.get(h, b"")
+        if not full:
+            why = "is ambiguous" if full is None else "matches no request hash"
+            raise ValueError(f"vLLM event hash {h:#x} {why}; cannot recover its BlockHash bytes")
+        return BlockHash(full)
+
+    def _to_spec_event(self, e: Any) -> Event:
+        """vLLM 0.33 ``kv_events`` event -> kvspec ``spec.events`` event."""
+        ev = self._v.kv_events
+        if isinstance(e, ev.BlockStored):
+            parent = e.parent_block_hash
+            return BlockStored(
+                block_hashes=tuple(self._block_hash(h) for h in e.block_hashes),
+                parent_block_hash=None if parent is None else self._block_hash(parent),
+                token_ids=tuple(e.token_ids),
+                block_size=TokenCount(e.block_size),
+                group_id=GroupId(e.group_idx),
+            )
+        if isinstance(e, ev.BlockRemoved):
+            return BlockRemoved(
+                block_hashes=tuple(self._block_hash(h) for h in e.block_hashes), group_id=GroupId(e.group_idx)
+            )
+        if isinstance(e, ev.AllBlocksCleared):
+            return AllBlocksCleared()
+        raise TypeError(f"unexpected vLLM KV-cache event {e!r}")
+
+    # -- observe --
+
+    def observe(self) -> Observation:
+        """The manager's state in the spec's vocabulary: the one reader of vLLM internals."""
+        if self._manager is None:
+            raise ValueError("VllmTarget.observe called before reset(config)")
+        managers = self._manager.coordinator.single_type_managers
+        pool = self._manager.block_pool
+        return Observation(
+            # req_to_blocks is a defaultdict: a lookup of an unknown id (remove_skipped_blocks, a
+            # failed allocation) leaves an empty table behind; it is reported as vLLM holds it.
+            tables=tuple(
+                {rid: tuple(b.block_id for b in blocks) for rid, blocks in m.req_to_blocks.items()} for m in managers
+            ),
+            num_cached_block=tuple(dict(m.num_cached_block) for m in managers),
+            ref_cnt=tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks),
+            free_queue=_free_queue_ids(pool.free_block_queue),
+            block_key=tuple(None if b.block_hash is None else bytes(b.block_hash) for b in pool.blocks),
+            cached=_cached_map(pool.cached_block_hash_to_block),
+            request_block_hashes={rid: self._observed_hashes(rid, r) for rid, r in self._requests.items()},
+        )
+
+    def _observed_hashes(self, rid: str, request: Any) -> tuple[bytes, ...]:
+        """``request.block_hashes`` as a tuple, re-read only when the list changed: vLLM only appends
+        to it, so an unchanged length and an identical last element mean an unchanged list."""
+        hashes = request.block_hashes
+        memo = self._hash_memo.get(rid)
+        if memo is not None and len(memo) == len(hashes) and (not hashes or memo[-1] is hashes[-1]):
+            return memo
+        memo = self._hash_memo[rid] = tuple(hashes)
+        return memo
+
+
+def _make_mm_feature(v: SimpleNamespace, m: MMFeatureSpec) -> Any:
+    """vLLM 0.33 ``MultiModalFeatureSpec``: the block hasher reads ``identifier`` and
+    ``mm_position.offset`` / ``.length`` only; the processed data may be None (cached item)."""
+    return v.MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=m.identifier,
+        mm_position=v.PlaceholderRange(offset=m.offset, length=m.length),
+    )
+
+
+def _block_ids(blocks: Any) -> list[list[int]]:
+    """``KVCacheBlocks.get_block_ids()`` as JSON lists, one per group."""
+    return [list(ids) for ids in blocks.get_block_ids()]
+
+
+def _free_queue_ids(queue: Any) -> tuple[int, ...]:
+    """Walk ``FreeKVCacheBlockQueue`` from the head sentinel: front (evicted first) to tail."""
+    ids = []
+    block = queue.fake_free_list_head.next_free_block
+    while block is not None and block is not queue.fake_free_list_tail:
+        ids.append(block.block_id)
+        block = block.next_free_block
+    if len(ids) != queue.num_free_blocks:
+        raise AssertionError(f"vLLM free list holds {len(ids)} blocks but counts {queue.num_free_blocks}")
+    return tuple(ids)
+
+
+def _cached_map(cache_map: Any) -> dict[bytes, tuple[int, ...]]:
+    """``BlockHashToBlockMap``: a key holds one ``KVCacheBlock`` or, once a second block was inserted
+    under it, a ``{block_id: block}`` dict in insertion order (first = the one lookups return)."""
+    out: dict[bytes, tuple[int, ...]] = {}
+    for key, held in cache_map._cache.items():
+        if isinstance(held, dict):
+            out[bytes(key)] = tuple(b.block_id for b in held.values())
+        else:
+            out[bytes(key)] = (held.block_id,)
+    return out
+
+
+_HANDLERS = {
+    AddRequest: VllmTarget._add_request,
+    AppendOutputTokens: VllmTarget._append_output_tokens,
+    SetSpecTokens: VllmTarget._set_spec_tokens,
+    SetNumComputedTokens: VllmTarget._set_num_computed_tokens,
+    SetStatus: VllmTarget._set_status,
+    GetComputedBlocks: VllmTarget._get_computed_blocks,
+    AllocateSlots: VllmTarget._allocate_slots,
+    Free: VllmTarget._free,
+    CacheBlocks: VllmTarget._cache_blocks,
+    RemoveSkippedBlocks: VllmTarget._remove_skipped_blocks,
+    EvictBlocks: VllmTarget._evict_blocks,
+    ResetPrefixCache: VllmTarget._reset_prefix_cache,
+    TakeEvents: VllmTarget._take_events,
+}
+
+__all__ = ["SUPPORTED_VERSION", "VllmTarget", "VllmUnavailable", "vllm_version"]
