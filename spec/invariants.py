@@ -547,7 +547,7 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P3", "step")
+@invariant("P3 §9.18", "step")
 def successful_allocation_is_exact(s: StepContext) -> str | None:
     """``allocate_slots`` -> blocks (and §9.13, §9.18): each attention table ends exactly ``max(previous length,
     cdiv(need_slot, bs))`` long, where ``need_slot = min(computed + new_computed + external + new
@@ -633,7 +633,7 @@ def free_releases_everything(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P4", "step")
+@invariant("P4 §9.17", "step")
 def free_order(s: StepContext) -> str | None:
     """``free(r)`` (and §9.17, LRU order) queues, group by group and tail first, the blocks reaching 0: in vLLM 0.33 the
     unhashed ones go to the front (the last group's first) and the hashed ones to the tail; in
