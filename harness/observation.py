@@ -7,7 +7,7 @@ hashes are ``bytes`` (``BlockHashWithGroupId`` form for map keys), requests are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
@@ -29,6 +29,11 @@ class Observation:
     cached: dict[bytes, tuple[int, ...]]
     # request id -> its block hashes (BlockHash bytes, no group id)
     request_block_hashes: dict[str, tuple[bytes, ...]]
+    # per block id: how many prefix tokens its primary key covers (vLLM block_hash_num_tokens), or None
+    block_key_tokens: tuple[int | None, ...] = ()
+    # block id -> further keys stored for it (vLLM cached_block_hashes_by_block: partial tail entries);
+    # a set, since vLLM keeps a set
+    secondary_keys: dict[int, frozenset[bytes]] = field(default_factory=dict)
 
     @property
     def num_blocks(self) -> int:

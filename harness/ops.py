@@ -104,6 +104,7 @@ class AllocateSlots:
     num_encoder_tokens: int = 0
     full_sequence_must_fit: bool = False
     reserved_blocks: int = 0
+    has_scheduled_reqs: bool = True  # the watermark applies only when another request is scheduled
     op: str = field(default="allocate_slots", init=False)
 
 
@@ -239,7 +240,7 @@ def op_from_json(obj: Any, where: str = "operation") -> Op:
                 if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
                     raise TypeError("expected a list of ints")
                 value = tuple(value)
-            elif isinstance(f.default, bool) or name in ("use_computed_blocks", "delay_cache_blocks"):
+            elif isinstance(f.default, bool):
                 if not isinstance(value, bool):
                     raise TypeError("expected true or false")
             elif name in ("request_id", "status", "cache_salt", "identifier"):

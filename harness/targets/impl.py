@@ -162,6 +162,7 @@ class ImplTarget:
             num_encoder_tokens=op.num_encoder_tokens,
             full_sequence_must_fit=op.full_sequence_must_fit,
             reserved_blocks=op.reserved_blocks,
+            has_scheduled_reqs=op.has_scheduled_reqs,
         )
         return None if new is None else {"block_ids": [list(x) for x in new]}
 
@@ -208,6 +209,8 @@ class ImplTarget:
             block_key=tuple(pool.key),
             cached={k: tuple(ids) for k, ids in pool.cached.items()},
             request_block_hashes={rid: tuple(r.core.block_hashes) for rid, r in self._requests.items()},
+            block_key_tokens=tuple(None if k is None else n for k, n in zip(pool.key, pool.key_tokens)),
+            secondary_keys={b: frozenset(keys) for b, keys in pool.secondary.items() if keys},
         )
 
 

@@ -20,6 +20,7 @@ vLLM shows up as ``VllmUnavailable`` naming the install command.
 from __future__ import annotations
 
 import importlib
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,6 +80,8 @@ def _vllm() -> SimpleNamespace:
         raise VllmUnavailable(
             f"the vllm target needs vLLM {SUPPORTED_VERSION} (install it with `ci/setup --vllm`): {e}"
         ) from e
+    # A refused reset_prefix_cache is a normal outcome here, not worth vLLM's warning per call.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     if version.__version__ != SUPPORTED_VERSION:
         raise VllmUnavailable(
             f"the vllm target models vLLM {SUPPORTED_VERSION}, but vLLM {version.__version__} is installed"
@@ -299,6 +302,7 @@ class VllmTarget:
             num_encoder_tokens=op.num_encoder_tokens,
             full_sequence_must_fit=op.full_sequence_must_fit,
             reserved_blocks=op.reserved_blocks,
+            has_scheduled_reqs=op.has_scheduled_reqs,
         )
         if new_blocks is None:
             return None
@@ -375,6 +379,10 @@ class VllmTarget:
             block_key=tuple(None if b.block_hash is None else bytes(b.block_hash) for b in pool.blocks),
             cached=_cached_map(pool.cached_block_hash_to_block),
             request_block_hashes={rid: self._observed_hashes(rid, r) for rid, r in self._requests.items()},
+            block_key_tokens=tuple(None if b.block_hash is None else b.block_hash_num_tokens for b in pool.blocks),
+            secondary_keys={
+                bid: frozenset(bytes(k) for k in keys) for bid, keys in pool.cached_block_hashes_by_block.items() if keys
+            },
         )
 
     def _observed_hashes(self, rid: str, request: Any) -> tuple[bytes, ...]:

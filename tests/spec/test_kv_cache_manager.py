@@ -365,9 +365,12 @@ def test_unknown_request_is_a_clear_error_where_vllm_would_misbehave():
     req = make_request("ghost", list(range(9)), cfg)
     with pytest.raises(ValueError, match="unknown request 'ghost'"):
         m.cache_blocks(s, req, 8)
-    with pytest.raises(ValueError, match="unknown request 'ghost'"):
-        m.remove_skipped_blocks(s, "ghost", 8)
+    assert m.remove_skipped_blocks(s, "ghost", 8) == s  # full attention skips nothing
     assert m.free(s, "ghost") == s  # vLLM frees requests aborted before allocation: a no-op
+    swa = m.init_kv_cache_manager(config([sliding_window(4, 4)], 5))
+    assert m.remove_skipped_blocks(swa, "ghost", 8).groups[0].req_to_blocks == {"ghost": ()}
+    with pytest.raises(ValueError, match="num_computed_tokens must be >= 0"):
+        with_num_computed_tokens(req, -1)
 
 
 def test_group_ids_are_part_of_the_key():

@@ -1,0 +1,303 @@
+"""Drive the reference spec and a target in lockstep, one operation at a time.
+
+Every operation is applied to the spec (the reference, in-process) and to the target; the target's
+call runs under a per-step timeout.  Then, in this order: the outcomes are compared with the
+configured relation, the observations are compared, ``spec.invariants`` runs on the spec state
+and ``harness.obs_invariants`` on the target's observation.  The first problem raises
+``FindingError`` carrying a ``Finding``: the step, the operation, both outcomes, a one-sentence
+message and the smallest witness (the blocks and requests involved, before and after).  A target
+that raises or hangs is a finding too, never a harness crash.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness import ops as O
+from harness.equality import get_relation, observation_differences, outcome_difference
+from harness.obs_invariants import EventLedger, ObsContext, check_observation
+from harness.observation import Observation
+from harness.targets.base import Target, Unsupported
+from harness.targets.spec import SpecTarget
+from spec.config import KVCacheConfig
+
+# Operations that only change the scheduler's Request object: the manager's state cannot change.
+REQUEST_ONLY_OPS = (O.SetSpecTokens, O.SetNumComputedTokens, O.SetStatus)
+
+
+@dataclass
+class Finding:
+    kind: str  # divergence | invariant | target-raised | target-hung | reference-raised | reference-invariant
+    step: int | None
+    message: str
+    op: dict[str, Any] | None = None
+    expected: Any = None
+    actual: Any = None
+    invariant: str | None = None
+    blocks: list[int] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    witness: dict[str, Any] = field(default_factory=dict)
+    traceback: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "setup"
+        opname = f" ({self.op['op']})" if self.op else ""
+        return f"{self.kind} at {where}{opname}: {self.message}"
+
+
+class FindingError(AssertionError):
+    """Raised at the first problem; Hypothesis shrinks on it."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.summary())
+        self.finding = finding
+
+
+class StepTimeout(BaseException):
+    """The target did not return within the per-step timeout (BaseException: targets' broad
+    ``except Exception`` must not swallow it)."""
+
+
+def call_with_timeout(fn: Any, timeout: float | None, *args: Any) -> Any:
+    """Run ``fn(*args)``; raise ``StepTimeout`` after ``timeout`` seconds.
+
+    In the main thread a real-time interval timer interrupts the call (cheap: two system calls);
+    elsewhere the call runs in a daemon thread that is abandoned if it hangs.
+    """
+    if not timeout:
+        return fn(*args)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise StepTimeout()
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise StepTimeout()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def obs_to_json(obs: Observation, blocks: set[int] | None = None, requests: set[str] | None = None) -> dict[str, Any]:
+    """An observation (or the part about ``blocks`` / ``requests``) in JSON form, for witnesses."""
+    pos = {b: i for i, b in enumerate(obs.free_queue)}
+    bset = set(range(obs.num_blocks)) if blocks is None else {b for b in blocks if 0 <= b < obs.num_blocks}
+    return {
+        "tables": [{r: list(t) for r, t in g.items() if requests is None or r in requests} for g in obs.tables],
+        "num_cached_block": [{r: n for r, n in g.items() if requests is None or r in requests} for g in obs.num_cached_block],
+        "blocks": {
+            str(b): {
+                "ref_cnt": obs.ref_cnt[b],
+                "hash": None if obs.block_key[b] is None else obs.block_key[b].hex(),  # type: ignore[union-attr]
+                "free_pos": pos.get(b),
+            }
+            for b in sorted(bset)
+        },
+        "free_queue": list(obs.free_queue),
+        "num_hashes": {r: len(h) for r, h in obs.request_block_hashes.items() if requests is None or r in requests},
+    }
+
+
+class Lockstep:
+    """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both."""
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        target: Target,
+        relation: str = "exact",
+        step_timeout: float | None = 10.0,
+        check_spec_invariants: bool = True,
+    ) -> None:
+        self.config = config
+        self.target = target
+        self.relation = get_relation(relation)
+        self.step_timeout = step_timeout
+        self.check_spec_invariants = check_spec_invariants
+        self.ref: SpecTarget | None = SpecTarget() if self.relation.uses_reference else None
+        self.steps: list[tuple[O.Op, Any]] = []
+        self.ctx = ObsContext(num_tokens={})
+        self.ledger = EventLedger() if config.enable_kv_cache_events else None
+        self.ref_obs: Observation | None = None
+        self.tgt_obs: Observation | None = None
+        self.op_counts: dict[str, int] = {}
+        self.event_log: list[Any] = []  # the reference's events taken so far (spec §9.20)
+
+    # --- setup ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.ref is not None:
+            self.ref.reset(self.config)
+        try:
+            call_with_timeout(self.target.reset, self.step_timeout, self.config)
+        except StepTimeout:
+            raise FindingError(Finding("target-hung", None, f"reset() did not return within {self.step_timeout}s")) from None
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise FindingError(Finding("target-raised", None, f"reset() raised {type(e).__name__}: {e}", traceback=traceback.format_exc())) from None
+        self.ref_obs = self.ref.observe() if self.ref is not None else None
+        self.tgt_obs = self._observe_target(None, None)
+
+    # --- one operation -------------------------------------------------------------------------
+
+    def apply(self, op: O.Op) -> Any:
+        """Apply ``op`` to both; return the outcome the scheduler acts on (equal on both sides)."""
+        i = len(self.steps)
+        self.op_counts[op.op] = self.op_counts.get(op.op, 0) + 1
+        self._track_request(op)
+        ref_out = None
+        if self.ref is not None:
+            try:
+                ref_out = self.ref.apply(op)
+            except Exception as e:
+                self.steps.append((op, None))
+                raise FindingError(
+                    Finding("reference-raised", i, f"the spec rejected the operation: {type(e).__name__}: {e}", O.op_to_json(op), traceback=traceback.format_exc())
+                ) from None
+        try:
+            tgt_out = call_with_timeout(self.target.apply, self.step_timeout, op)
+        except Unsupported:
+            raise
+        except StepTimeout:
+            self.steps.append((op, ref_out))
+            raise FindingError(Finding("target-hung", i, f"the target did not return within {self.step_timeout}s", O.op_to_json(op), expected=ref_out)) from None
+        except Exception as e:
+            self.steps.append((op, ref_out))
+            raise FindingError(
+                Finding("target-raised", i, f"the target raised {type(e).__name__}: {e}", O.op_to_json(op), expected=ref_out, traceback=traceback.format_exc())
+            ) from None
+        self.steps.append((op, ref_out if self.ref is not None else tgt_out))
+        if self.relation.compare_outcomes:
+            diff = outcome_difference(ref_out, tgt_out)
+            if diff is not None:
+                self._fail("divergence", i, op, f"outcome differs: {diff}", ref_out, tgt_out, blocks=_outcome_blocks(ref_out, tgt_out))
+        if isinstance(op, REQUEST_ONLY_OPS):
+            return tgt_out
+        before_ref, before_tgt = self.ref_obs, self.tgt_obs
+        self.ref_obs = self.ref.observe() if self.ref is not None else None
+        self.tgt_obs = self._observe_target(i, op)
+        if self.relation.compare_observations and self.ref_obs is not None:
+            diffs = observation_differences(self.ref_obs, self.tgt_obs)
+            if diffs:
+                d = diffs[0]
+                blocks = {b for x in diffs for b in x.blocks}
+                reqs = {r for x in diffs for r in x.requests}
+                self._fail("divergence", i, op, f"state differs after the operation: {d.message}", ref_out, tgt_out, blocks, reqs, before_ref, before_tgt)
+        if self.ref is not None and self.check_spec_invariants:
+            self._check_spec_invariants(i, op, ref_out, tgt_out, before_ref, before_tgt)
+        if isinstance(op, O.EvictBlocks):
+            self.ctx.evicted_ever = True
+        violations = check_observation(self.tgt_obs, self.config, self.ctx)
+        if self.ledger is not None and isinstance(op, O.TakeEvents) and isinstance(tgt_out, list):
+            self.ledger.feed(tgt_out)
+            violations += self.ledger.check(self.tgt_obs)
+        if violations:
+            v = violations[0]
+            self._fail("invariant", i, op, f"invariant {v.name} broken on the target: {v.message}", ref_out, tgt_out,
+                       set(v.blocks), set(v.requests), before_ref, before_tgt, invariant=v.name)
+        return tgt_out
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _observe_target(self, i: int | None, op: O.Op | None) -> Observation:
+        try:
+            return call_with_timeout(self.target.observe, self.step_timeout)  # type: ignore[no-any-return]
+        except StepTimeout:
+            raise FindingError(Finding("target-hung", i, f"observe() did not return within {self.step_timeout}s", op and O.op_to_json(op))) from None
+        except Exception as e:
+            raise FindingError(
+                Finding("target-raised", i, f"observe() raised {type(e).__name__}: {e}", op and O.op_to_json(op), traceback=traceback.format_exc())
+            ) from None
+
+    def _check_spec_invariants(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_ref: Any, before_tgt: Any) -> None:
+        try:
+            from spec.invariants import StepContext, check_invariants, check_step
+        except ImportError:
+            return
+        assert self.ref is not None
+        if self.ref.last_call is not None and self.ref.last_call[1] == "take_events":
+            self.event_log.extend(self.ref.last_call[3])
+        violations = check_invariants(
+            self.ref.state, self.ref.requests, evict_called=self.ctx.evicted_ever or isinstance(op, O.EvictBlocks),
+            event_log=self.event_log if self.config.enable_kv_cache_events else None,
+        )
+        if self.ref.last_call is not None:
+            before, name, args, outcome, request = self.ref.last_call
+            violations += check_step(StepContext(before, self.ref.state, name, args, outcome, request, self.ctx.evicted_ever or isinstance(op, O.EvictBlocks)))
+        if violations:
+            v = violations[0]
+            self._fail("reference-invariant", i, op, f"spec invariant {v.name} broken: {v.message}", ref_out, tgt_out,
+                       set(), {getattr(op, "request_id", "")} - {""}, before_ref, before_tgt, invariant=v.name)
+
+    def _track_request(self, op: O.Op) -> None:
+        if isinstance(op, O.AddRequest):
+            self.ctx.num_tokens[op.request_id] = len(op.prompt_token_ids)  # type: ignore[index]
+        elif isinstance(op, O.AppendOutputTokens):
+            self.ctx.num_tokens[op.request_id] = self.ctx.num_tokens.get(op.request_id, 0) + len(op.token_ids)  # type: ignore[index, attr-defined]
+
+    def _fail(
+        self,
+        kind: str,
+        i: int,
+        op: O.Op,
+        message: str,
+        expected: Any,
+        actual: Any,
+        blocks: set[int] | None = None,
+        requests: set[str] | None = None,
+        before_ref: Observation | None = None,
+        before_tgt: Observation | None = None,
+        invariant: str | None = None,
+    ) -> None:
+        blocks = set(blocks or ())
+        requests = set(requests or ())
+        rid = getattr(op, "request_id", None)
+        if rid:
+            requests.add(rid)
+        # The blocks held by the requests involved belong to the witness too.
+        for obs in (self.ref_obs, self.tgt_obs, before_ref, before_tgt):
+            if obs is not None:
+                for g in obs.tables:
+                    for r in requests:
+                        blocks.update(b for b in g.get(r, ()) if b)
+        witness = {}
+        for name, obs in (("spec_before", before_ref), ("target_before", before_tgt), ("spec_after", self.ref_obs), ("target_after", self.tgt_obs)):
+            if obs is not None:
+                witness[name] = obs_to_json(obs, blocks, requests)
+        raise FindingError(
+            Finding(kind, i, message, O.op_to_json(op), expected, actual, invariant, sorted(blocks), sorted(requests), witness)
+        )
+
+
+def _outcome_blocks(a: Any, b: Any) -> set[int]:
+    out: set[int] = set()
+    for x in (a, b):
+        if isinstance(x, dict):
+            for g in x.get("block_ids", []):
+                out.update(i for i in g if i)
+    return out

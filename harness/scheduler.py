@@ -1,0 +1,426 @@
+"""A small model of vLLM 0.33's scheduler-side request bookkeeping (``vllm/v1/core/sched/scheduler.py``).
+
+It decides *which* KV-cache manager calls a real scheduler makes, in which order, and emits them as
+``harness.ops`` operations through ``emit`` (which applies them to the spec and the target and
+returns the outcome).  Only the FCFS policy, synchronous scheduling (no async placeholders, no
+in-flight tokens) and one sampled token per step are modelled; every choice the real scheduler
+leaves to the world (chunk budgets, accepted drafts, sampled tokens, connector answers, load
+failures) comes from ``choices``, which the Hypothesis state machine backs with draws.
+
+Modelled (0.33 ``schedule()`` / ``update_from_output``):
+- running loop: ``allocate_slots(n, lookahead)``; on None preempt ``running[-1]`` (free,
+  ``num_computed_tokens = 0``, drafts cleared, to the front of ``waiting``) until it fits or the
+  request preempted itself; after a preemption no waiting request is admitted this step;
+- waiting loop: ``kv_holding_waiting`` first; remote-KV requests still loading are skipped; a
+  request with ``num_computed_tokens == 0`` looks up the prefix cache, asks the connector (P/D),
+  then ``allocate_slots``; None stops admission (``break``); an async load allocates with
+  ``delay_cache_blocks=True`` and parks the request in WAITING_FOR_REMOTE_KVS;
+- spec decode: drafts scheduled, rejection rolls ``num_computed_tokens`` back, accepted + bonus
+  tokens appended, verified blocks cached early; resumed decodes padded to ``1 + k``;
+- P/D arrival: ``cache_blocks(num_computed_tokens)`` then the ``num_tokens - 1`` cap; failed loads
+  cache the valid prefix or free everything; abort while loading delays the free until arrival;
+- finishing: ``remove_skipped_blocks`` (with a connector) then ``free``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harness import ops as O
+
+
+class Choices(Protocol):
+    """Where the world's choices come from (Hypothesis draws in the machine, fixed in tests)."""
+
+    def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int: ...
+
+    def boolean(self, label: str) -> bool: ...
+
+    def token(self, label: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    """The scheduler knobs that change which manager calls happen."""
+
+    token_budget: int  # max_num_scheduled_tokens (chunked prefill always on)
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int  # scheduler_block_size (LCM of the groups' block sizes)
+    num_spec_tokens: int = 0  # k drafts per step; 0 = no speculative decoding
+    num_lookahead_tokens: int = 0  # EAGLE / draft-model lookahead slots (0 or k)
+    connector: bool = False  # a KV connector (P/D) answers get_num_new_matched_tokens
+    single_group: bool = True  # invalid-block recovery needs one group (vLLM 0.33)
+
+
+@dataclass
+class SReq:
+    request_id: str
+    prompt: tuple[int, ...]
+    skip_reading_prefix_cache: bool = False
+    output: list[int] = field(default_factory=list)
+    spec: tuple[int, ...] = ()
+    num_computed: int = 0
+    status: str = "WAITING"
+    num_preemptions: int = 0
+    recv: str | None = None  # None | "pending" | "done" | "failed"
+    aborted: bool = False  # finished while its remote KV was still loading (free delayed)
+    sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
+    holds_blocks: bool = False  # the manager has allocated for it since its last free
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + len(self.spec)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedConfig, emit: Callable[[O.Op], Any], choices: Choices, table: Callable[[str], tuple[int, ...]] | None = None) -> None:
+        self.cfg = cfg
+        self.emit = emit
+        self.ch = choices
+        self.table = table  # group-0 block table of a request (for invalid-block recovery)
+        self.reqs: dict[str, SReq] = {}
+        self.waiting: deque[str] = deque()
+        self.kv_holding: deque[str] = deque()
+        self.running: list[str] = []
+        self.loading_aborted: dict[str, SReq] = {}
+        self.counts: Counter[str] = Counter()
+        self._next_id = 0
+
+    # --- request lifecycle ---------------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        self._next_id += 1
+        return f"r{self._next_id}"
+
+    def add_request(self, op: O.AddRequest) -> None:
+        """vLLM ``add_request``: the engine builds the Request (hashing its prompt) and queues it."""
+        self.emit(op)
+        self.reqs[op.request_id] = SReq(op.request_id, op.prompt_token_ids, op.skip_reading_prefix_cache)
+        self.waiting.append(op.request_id)
+        self.counts["add_request"] += 1
+
+    def _set_computed(self, r: SReq, n: int) -> None:
+        if r.num_computed != n:
+            r.num_computed = n
+            self.emit(O.SetNumComputedTokens(r.request_id, n))
+
+    def _set_status(self, r: SReq, status: str) -> None:
+        if r.status != status:
+            r.status = status
+            self.emit(O.SetStatus(r.request_id, status))
+
+    def _set_spec(self, r: SReq, drafts: tuple[int, ...]) -> None:
+        if r.spec != drafts:
+            r.spec = drafts
+            self.emit(O.SetSpecTokens(r.request_id, drafts))
+
+    def _free(self, r: SReq) -> None:
+        """``_free_request``: with a connector, drop out-of-window blocks first (processed basis)."""
+        if self.cfg.connector and r.holds_blocks:
+            self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed))
+        self.emit(O.Free(r.request_id))
+        r.holds_blocks = False
+
+    def preempt(self, r: SReq) -> None:
+        """``_preempt_request``: free (tail first), PREEMPTED, ``num_computed_tokens = 0``, drafts
+        cleared, back to the front of ``waiting``."""
+        self.emit(O.Free(r.request_id))
+        r.holds_blocks = False
+        self._set_status(r, "PREEMPTED")
+        self._set_computed(r, 0)
+        self._set_spec(r, ())
+        r.num_preemptions += 1
+        self.waiting.appendleft(r.request_id)
+        self.counts["preempt"] += 1
+
+    def finish(self, rid: str) -> None:
+        """A running request stops (EOS / max tokens): its blocks are freed."""
+        r = self.reqs.pop(rid)
+        self.running.remove(rid)
+        self._free(r)
+        self.counts["finish"] += 1
+
+    def abort(self, rid: str) -> None:
+        """``finish_requests(ABORTED)`` for a request in any queue."""
+        r = self.reqs.pop(rid)
+        if rid in self.running:
+            self.running.remove(rid)
+        for q in (self.waiting, self.kv_holding):
+            if rid in q:
+                q.remove(rid)
+        if r.status == "WAITING_FOR_REMOTE_KVS" and r.recv == "pending":
+            # The load was posted and has not finished: free only on arrival (vLLM delays it).
+            if self.cfg.connector and r.holds_blocks:
+                self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed))
+            r.aborted = True
+            self.loading_aborted[rid] = r
+            self.counts["abort_while_loading"] += 1
+            return
+        self._free(r)
+        self.counts["abort"] += 1
+
+    def kv_arrives(self, rid: str, ok: bool, valid_tokens: int = 0) -> None:
+        """The worker reports ``finished_recving`` (or a failed load) for an async P/D load."""
+        if rid in self.loading_aborted:
+            r = self.loading_aborted.pop(rid)
+            self.emit(O.Free(rid))
+            self.counts["free_after_load"] += 1
+            return
+        r = self.reqs[rid]
+        assert r.recv == "pending"
+        if ok:
+            r.recv = "done"
+            self.counts["load_ok"] += 1
+        else:
+            r.recv = "failed"
+            self._set_computed(r, valid_tokens)
+            self.counts["load_failed"] += 1
+
+    # --- one engine step -----------------------------------------------------------------------
+
+    def step(self) -> None:
+        """``schedule()``, the forward pass, ``update_from_output``."""
+        scheduled, pad = self.schedule()
+        self.update_from_output(scheduled, pad)
+        self.counts["step"] += 1
+
+    def schedule(self) -> tuple[dict[str, int], set[str]]:
+        cfg = self.cfg
+        budget = self.ch.integer(1, cfg.token_budget, "token_budget", boundary=cfg.block_size)
+        scheduled: dict[str, int] = {}
+        padded: set[str] = set()
+        self.scheduled_drafts: dict[str, tuple[int, ...]] = {}
+        preempted = False
+        prefill_scheduled = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.reqs[self.running[i]]
+            n = min(r.num_tokens_with_spec - r.num_computed, budget, cfg.max_model_len - r.num_computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            out = None
+            while True:
+                out = self.emit(O.AllocateSlots(r.request_id, n, num_lookahead_tokens=cfg.num_lookahead_tokens))
+                if out is not None:
+                    break
+                victim = self.reqs[self.running.pop()]
+                self.preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if out is None:
+                break
+            scheduled[r.request_id] = n
+            prefill_scheduled |= r.num_computed < r.num_tokens
+            self.counts["decode" if r.num_computed >= r.num_tokens - 1 else "prefill_chunk"] += 1
+            budget -= n
+            i += 1
+            if r.spec:
+                k = n + r.num_computed - r.num_tokens
+                if k > 0:
+                    self.scheduled_drafts[r.request_id] = r.spec[:k]
+                self._set_spec(r, ())
+        if not preempted:
+            self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
+        # _update_after_schedule: the computed count advances by what was scheduled.
+        for rid, n in scheduled.items():
+            r = self.reqs[rid]
+            self._set_computed(r, r.num_computed + n)
+        return scheduled, padded
+
+    def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
+        cfg = self.cfg
+        skipped_holding: list[str] = []
+        skipped_waiting: list[str] = []
+        while budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting
+            if not queue or len(self.running) >= cfg.max_num_seqs:
+                break
+            r = self.reqs[queue[0]]
+            if r.status == "WAITING_FOR_REMOTE_KVS":
+                if r.recv == "pending":
+                    (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
+                    continue
+                self._update_waiting_for_remote_kv(r)
+            ext, load_async, local, looked_up = 0, False, 0, False
+            if r.num_computed == 0:
+                hit = self.emit(O.GetComputedBlocks(r.request_id))
+                looked_up = True
+                local = hit["num_hit_tokens"]
+                self.counts["prefix_hit" if local else "prefix_miss"] += 1
+                if cfg.connector and not r.skip_reading_prefix_cache:
+                    ext, load_async = self._ask_connector(r, local)
+                num_computed = local + ext
+            else:
+                num_computed = r.num_computed
+            if load_async:
+                n = 0
+            else:
+                n = r.num_tokens - num_computed
+                if (
+                    cfg.num_spec_tokens > 0
+                    and n == 1
+                    and not prefill_scheduled
+                    and (scheduled or num_computed > 0)
+                    and num_computed + 1 + cfg.num_spec_tokens + 1 <= cfg.max_model_len
+                ):
+                    if 1 + cfg.num_spec_tokens > budget:
+                        break
+                    n = 1 + cfg.num_spec_tokens
+                    padded.add(r.request_id)
+                n = min(n, budget)
+                assert n > 0
+            out = self.emit(
+                O.AllocateSlots(
+                    r.request_id,
+                    n,
+                    num_new_computed_tokens=local,
+                    use_computed_blocks=looked_up,
+                    num_lookahead_tokens=0 if load_async else cfg.num_lookahead_tokens,
+                    num_external_computed_tokens=ext,
+                    delay_cache_blocks=load_async,
+                )
+            )
+            if out is None:
+                padded.discard(r.request_id)
+                # (a refused admission can still hold blocks only if it held them before)
+                self.counts["admission_refused"] += 1
+                break
+            r.holds_blocks = True
+            if load_async:
+                self._set_status(r, "WAITING_FOR_REMOTE_KVS")
+                self._set_computed(r, num_computed)
+                r.recv = "pending"
+                queue.popleft()
+                skipped_holding.append(r.request_id)
+                self.counts["async_load"] += 1
+                continue
+            queue.popleft()
+            self.running.append(r.request_id)
+            scheduled[r.request_id] = n
+            budget -= n
+            self._set_status(r, "RUNNING")
+            self._set_computed(r, num_computed)
+            r.sync_ext_this_step = ext
+            self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
+            if ext:
+                self.counts["sync_load"] += 1
+        # Skipped requests go back to the front of their queues, in order.
+        for rid in reversed(skipped_waiting):
+            self.waiting.appendleft(rid)
+        for rid in reversed(skipped_holding):
+            self.kv_holding.appendleft(rid)
+
+    def _ask_connector(self, r: SReq, local: int) -> tuple[int, bool]:
+        """``get_num_new_matched_tokens``: how many more prompt tokens a remote holds, sync or async."""
+        room = r.num_tokens - local
+        if room <= 0 or not self.ch.boolean("connector_hit"):
+            return 0, False
+        if self.ch.boolean("async_load"):
+            return self.ch.integer(1, room, "ext_async", boundary=self.cfg.block_size), True
+        if room <= 1:
+            return 0, False
+        return self.ch.integer(1, room - 1, "ext_sync", boundary=self.cfg.block_size), False
+
+    def _update_waiting_for_remote_kv(self, r: SReq) -> None:
+        """0.33 ``_update_waiting_for_remote_kv`` + status promotion (``_handle_blocked_waiting_request``)."""
+        if r.recv == "failed":
+            if r.num_computed:
+                self.emit(O.CacheBlocks(r.request_id, r.num_computed))
+            else:
+                self.emit(O.Free(r.request_id))
+                r.holds_blocks = False
+        else:
+            self.emit(O.CacheBlocks(r.request_id, r.num_computed))
+        if r.num_computed == r.num_tokens:
+            self._set_computed(r, r.num_tokens - 1)
+        r.recv = None
+        self._set_status(r, "PREEMPTED" if r.num_preemptions else "WAITING")
+        self.counts["promote_after_load"] += 1
+
+    def update_from_output(self, scheduled: dict[str, int], padded: set[str]) -> None:
+        """Rejections roll back, sampled tokens are appended (hashing full blocks), verified blocks
+        are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
+        cfg = self.cfg
+        for rid in list(scheduled):
+            r = self.reqs.get(rid)
+            if r is None or rid not in self.running:
+                continue
+            if r.sync_ext_this_step and cfg.single_group and self.ch.boolean("sync_load_fails"):
+                if self._sync_load_failed(r, scheduled[rid]):
+                    continue
+            r.sync_ext_this_step = 0
+            if r.num_computed < r.num_tokens:
+                continue  # a partial prefill chunk samples nothing
+            drafts = self.scheduled_drafts.get(rid, ())
+            if rid in padded:
+                drafts = (-1,) * cfg.num_spec_tokens
+            accepted = 0
+            if drafts and rid not in padded:
+                accepted = self.ch.integer(0, len(drafts), "accepted_drafts")
+            rejected = len(drafts) - accepted
+            if rejected and r.num_computed > 0:
+                self._set_computed(r, r.num_computed - rejected)
+                self.counts["spec_rejection"] += 1
+            new_tokens = list(drafts[:accepted]) + [self.ch.token("sampled")]
+            room = cfg.max_model_len - r.num_tokens
+            new_tokens = new_tokens[:room]
+            if new_tokens:
+                r.output.extend(new_tokens)
+                self.emit(O.AppendOutputTokens(rid, tuple(new_tokens)))
+                if cfg.num_spec_tokens > 0:
+                    self.emit(O.CacheBlocks(rid, r.num_computed))
+                    self.counts["early_cache"] += 1
+            if r.num_tokens >= cfg.max_model_len:
+                self.finish(rid)
+                self.counts["finish_max_model_len"] += 1
+                continue
+            if cfg.num_spec_tokens > 0:
+                k = self.ch.integer(0, cfg.num_spec_tokens, "num_drafts")
+                drafts = tuple(self.ch.token("draft") for _ in range(k))
+                self._set_spec(r, drafts)
+                if drafts:
+                    self.counts["drafts"] += 1
+
+    def _sync_load_failed(self, r: SReq, num_scheduled: int) -> bool:
+        """A synchronous external load reported invalid blocks (0.33 ``_handle_invalid_blocks``,
+        policy chosen per failure): recompute truncates ``num_computed_tokens`` at the first invalid
+        block; fail evicts the invalid blocks' hashes and fails the request.  Returns True if the
+        request is gone."""
+        bs = self.cfg.block_size
+        ext = r.sync_ext_this_step
+        r.sync_ext_this_step = 0
+        before = r.num_computed - num_scheduled
+        first_ext_block = (before - ext) // bs
+        last = -(-before // bs)
+        if first_ext_block >= last or self.table is None:
+            return False
+        i = self.ch.integer(first_ext_block, last - 1, "invalid_block")
+        if self.ch.boolean("recompute_kv_load_failures"):
+            self._set_computed(r, i * bs)
+            self.counts["load_invalid_recompute"] += 1
+            return False
+        table = self.table(r.request_id)
+        self.emit(O.EvictBlocks(tuple(b for b in table[i:last] if b)))
+        self.counts["evict_blocks"] += 1
+        self.reqs.pop(r.request_id)
+        self.running.remove(r.request_id)
+        self._free(r)
+        return True
+
+    # --- queries for rules ---------------------------------------------------------------------
+
+    def loading(self) -> list[str]:
+        return [rid for rid, r in self.reqs.items() if r.recv == "pending"] + list(self.loading_aborted)
+
+    def idle(self) -> bool:
+        return not self.reqs and not self.loading_aborted

@@ -1,0 +1,63 @@
+"""Observation invariants: clean on real spec states, and each check fires on a broken state."""
+
+import dataclasses
+
+import pytest
+
+from harness import ops as O
+from harness.obs_invariants import EventLedger, check_observation
+from harness.targets.spec import SpecTarget
+from spec.config import KVCacheConfig, full_attention
+
+
+@pytest.fixture
+def running():
+    """Two requests sharing a 4-token prefix block (bs 4), both allocated."""
+    config = KVCacheConfig(8, (full_attention(4),), 32, enable_kv_cache_events=True)
+    t = SpecTarget()
+    t.reset(config)
+    for rid in ("a", "b"):
+        t.apply(O.AddRequest(rid, (1, 2, 3, 4, 5, 6)))
+        t.apply(O.GetComputedBlocks(rid))
+        assert t.apply(O.AllocateSlots(rid, 6, use_computed_blocks=True)) is not None
+        t.apply(O.SetNumComputedTokens(rid, 6))
+    return config, t
+
+
+def names(obs, config):
+    return {v.name for v in check_observation(obs, config)}
+
+
+def test_real_state_is_clean(running):
+    config, t = running
+    assert names(t.observe(), config) == set()
+
+
+def test_each_breakage_is_named(running):
+    config, t = running
+    obs = t.observe()
+    shared = obs.tables[0]["a"][0]
+    assert obs.tables[0]["b"][0] == shared and obs.ref_cnt[shared] == 2
+    cases = {
+        "free_queue_well_formed": dataclasses.replace(obs, free_queue=obs.free_queue + obs.free_queue[:1]),
+        "free_iff_unreferenced": dataclasses.replace(obs, free_queue=obs.free_queue + (shared,)),
+        "ref_count": dataclasses.replace(obs, ref_cnt=tuple(1 if b == shared else c for b, c in enumerate(obs.ref_cnt))),
+        "table_shape": dataclasses.replace(obs, tables=({**obs.tables[0], "a": obs.tables[0]["a"] + (0,)},)),
+        "null_block": dataclasses.replace(obs, free_queue=(0,) + obs.free_queue),
+        "hash_map_consistent": dataclasses.replace(obs, cached={}),
+        "free_queue_partition": None,
+    }
+    for name, broken in cases.items():
+        if broken is not None:
+            assert name in names(broken, config), name
+
+
+def test_event_ledger_detects_a_missing_event(running):
+    config, t = running
+    events = t.apply(O.TakeEvents())
+    ledger = EventLedger()
+    ledger.feed(events)
+    assert ledger.check(t.observe()) == []
+    ledger2 = EventLedger()
+    ledger2.feed([e for e in events if e["type"] != "BlockStored"])
+    assert ledger2.check(t.observe())

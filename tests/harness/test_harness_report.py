@@ -1,0 +1,57 @@
+"""Report folders: atomic, complete, replayable; drawings show the numbers."""
+
+import subprocess
+import sys
+
+from harness import ops as O
+from harness.cli import main
+from harness.report import draw_token_layout, write_report
+from harness.trace import Trace, read_trace
+from spec.config import KVCacheConfig, full_attention
+
+
+def _finding_trace() -> Trace:
+    config = KVCacheConfig(6, (full_attention(2),), 16)
+    steps = [
+        (O.AddRequest("r1", (1, 2, 3)), None),
+        (O.GetComputedBlocks("r1"), {"block_ids": [[]], "num_hit_tokens": 0}),
+        (O.AllocateSlots("r1", 3, use_computed_blocks=True), {"block_ids": [[1, 2]]}),
+    ]
+    finding = {"kind": "divergence", "step": 2, "message": "outcome differs", "op": O.op_to_json(steps[2][0]),
+               "expected": {"block_ids": [[1, 2]]}, "actual": {"block_ids": [[2, 1]]}, "requests": ["r1"], "blocks": [1, 2]}
+    return Trace(config, steps, "spec", "", seed=5, profile="dev", family="full", finding=finding)
+
+
+def test_report_folder_is_complete_and_leaves_no_temp(tmp_path):
+    path = write_report(tmp_path, _finding_trace())
+    assert sorted(p.name for p in path.iterdir())[0:2] == ["report.md", "test_replay_" + path.name.replace("-", "_") + ".py"] or len(list(path.iterdir())) == 3
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    md = (path / "report.md").read_text()
+    assert "The target diverged from the spec at step 2" in md
+    assert "| comp=0 | new_comp=0 | ext_comp=0 | new=3 | lookahead=0 |" in md
+    assert "block      1    2" in md
+    assert read_trace(path).steps == _finding_trace().steps
+
+
+def test_second_report_gets_a_new_name(tmp_path):
+    a = write_report(tmp_path, _finding_trace())
+    b = write_report(tmp_path, _finding_trace())
+    assert a != b and b.exists()
+
+
+def test_generated_pytest_file_replays(tmp_path):
+    path = write_report(tmp_path, _finding_trace())
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)], capture_output=True, text=True, cwd=".")
+    assert r.returncode == 0, r.stdout + r.stderr  # recorded outcomes are the spec's: it behaves as recorded
+
+
+def test_token_layout_numbers():
+    lines = draw_token_layout(O.AllocateSlots("r", 5, num_new_computed_tokens=4, num_external_computed_tokens=2, num_lookahead_tokens=1), 3, 12)
+    assert lines[1].split() == "| comp=3 | new_comp=4 | ext_comp=2 | new=5 | lookahead=1 |".split()
+    assert "[3,7)" in lines[2] and "[14,15)" in lines[2]
+
+
+def test_report_command_prints(tmp_path, capsys):
+    path = write_report(tmp_path, _finding_trace())
+    assert main(["report", str(path)]) == 0
+    assert "kvspec report: divergence" in capsys.readouterr().out

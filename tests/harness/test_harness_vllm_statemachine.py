@@ -1,0 +1,25 @@
+"""The same machine against the real vLLM 0.33 ``KVCacheManager`` (CI installs vLLM)."""
+
+import pytest
+
+from harness.families import FAMILIES
+from harness.machine import RunStats, make_machine, run_machine
+from harness.profiles import profile_settings
+
+pytestmark = [pytest.mark.vllm, pytest.mark.statemachine]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vllm_matches_spec(family):
+    from harness.targets import TargetLoadError, target_factory
+
+    try:
+        factory = target_factory("vllm")
+    except TargetLoadError as e:
+        pytest.skip(str(e))
+    stats = RunStats()
+    cls = make_machine(family, factory, "vllm", "exact", stats)
+    try:
+        run_machine(cls, profile_settings("dev", max_examples=10, database=None), seed=7, shrink_seconds=30)
+    except Exception:
+        pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
