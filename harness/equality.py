@@ -93,6 +93,13 @@ def observation_differences(ref: Observation, tgt: Observation, limit: int = 8) 
         if badk:
             detail = ", ".join(f"{b}: {_hk(ref.block_key[b])} vs {_hk(tgt.block_key[b])}" for b in badk[:6])
             out.append(ObsDiff("block_key", f"block hashes differ (expected vs observed) {detail}", badk))
+        if ref.block_key_tokens and tgt.block_key_tokens and ref.block_key_tokens != tgt.block_key_tokens:
+            badt = tuple(b for b in range(ref.num_blocks) if ref.block_key_tokens[b] != tgt.block_key_tokens[b])
+            detail = ", ".join(f"{b}: {ref.block_key_tokens[b]} vs {tgt.block_key_tokens[b]}" for b in badt[:6])
+            out.append(ObsDiff("block_key_tokens", f"tokens covered by block keys differ (expected vs observed) {detail}", badt))
+    if ref.secondary_keys != tgt.secondary_keys:
+        bads = tuple(sorted(b for b in set(ref.secondary_keys) | set(tgt.secondary_keys) if ref.secondary_keys.get(b) != tgt.secondary_keys.get(b)))
+        out.append(ObsDiff("secondary_keys", f"secondary (partial-entry) keys differ on block(s) {list(bads)}", bads))
     if ref.free_queue != tgt.free_queue:
         i = next((i for i, (a, b) in enumerate(zip(ref.free_queue, tgt.free_queue, strict=False)) if a != b), min(len(ref.free_queue), len(tgt.free_queue)))
         blocks = tuple(sorted(set(ref.free_queue[i : i + 3]) | set(tgt.free_queue[i : i + 3])))

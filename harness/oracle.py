@@ -135,8 +135,10 @@ class KVFinding:
         return out
 
     def to_markdown(self) -> str:
-        err = "NaN (a poisoned slot was read)" if math.isnan(self.max_abs_err) or math.isinf(self.max_abs_err) else (
-            f"{self.max_abs_err:.3g} abs, {self.max_rel_err:.3g} rel"
+        err = (
+            "NaN (a poisoned slot was read)"
+            if math.isnan(self.max_abs_err) or math.isinf(self.max_abs_err)
+            else (f"{self.max_abs_err:.3g} abs, {self.max_rel_err:.3g} rel")
         )
         lines = [
             "## KV contents",
@@ -231,8 +233,20 @@ class _Alloc:
 
 
 class _Req:
-    __slots__ = ("rid", "tokens", "lora_slot", "mm", "drafts", "sched_drafts", "computed", "alloc",
-                 "pending_hit", "pending_ext", "lookup", "dense")
+    __slots__ = (
+        "rid",
+        "tokens",
+        "lora_slot",
+        "mm",
+        "drafts",
+        "sched_drafts",
+        "computed",
+        "alloc",
+        "pending_hit",
+        "pending_ext",
+        "lookup",
+        "dense",
+    )
 
     def __init__(self, op: O.AddRequest, lora_slot: int) -> None:
         self.rid = op.request_id
@@ -429,8 +443,9 @@ class KVCheckTarget:
                 for g, ids in enumerate(out.get("block_ids", ())):
                     fresh.update(b for b in ids if b != 0 and not (g < len(hits) and b in hits[g]))
             self._poison(fresh)
-            r.alloc = _Alloc(r.computed, op.num_new_computed_tokens, op.num_external_computed_tokens,
-                             op.delay_cache_blocks)
+            r.alloc = _Alloc(
+                r.computed, op.num_new_computed_tokens, op.num_external_computed_tokens, op.delay_cache_blocks
+            )
             if op.use_computed_blocks:
                 r.lookup = None
         self._poison_released()  # allocate_slots frees out-of-window blocks first
@@ -515,13 +530,19 @@ class KVCheckTarget:
             bs = self.block_sizes[g]
             table = tables[g]
             bad = [
-                p for p in range(lo, hi)
-                if p // bs >= len(table) or not (0 if allow_null else 1) <= table[p // bs] < nb
+                p for p in range(lo, hi) if p // bs >= len(table) or not (0 if allow_null else 1) <= table[p // bs] < nb
             ]
             if bad:
                 blocks = sorted({table[p // bs] for p in bad if p // bs < len(table)})
                 self._raise(
-                    "unmapped-slot", r, bad, g, None, blocks, math.inf, math.inf,
+                    "unmapped-slot",
+                    r,
+                    bad,
+                    g,
+                    None,
+                    blocks,
+                    math.inf,
+                    math.inf,
                     f"request {r.rid}: {what} positions {_fmt_positions(bad)} have no usable block in group {g} "
                     f"(table {list(table)}, block size {bs})",
                 )
@@ -601,11 +622,21 @@ class KVCheckTarget:
                 blocks = sorted({x.block_id for x in bad_kv})
                 nan = all(x.nan for x in bad_kv)
                 self._raise(
-                    "prefix-hit", r, positions, first.group, first.layer, blocks, max_abs, max_rel,
+                    "prefix-hit",
+                    r,
+                    positions,
+                    first.group,
+                    first.layer,
+                    blocks,
+                    max_abs,
+                    max_rel,
                     f"request {r.rid}: prefix-cache hit positions {_fmt_positions(positions)} in block(s) "
                     f"{blocks} do not hold the KV of {r.rid}'s own prefix ("
-                    + ("NaN: the blocks were never written or were freed" if nan else
-                       f"largest error {max_abs:.3g}: another sequence's KV")
+                    + (
+                        "NaN: the blocks were never written or were freed"
+                        if nan
+                        else f"largest error {max_abs:.3g}: another sequence's KV"
+                    )
                     + f"; first at layer {first.layer}, group {first.group})",
                     bad_kv,
                 )
@@ -614,9 +645,8 @@ class KVCheckTarget:
         """The model computes positions ``[s, n)`` of ``r`` through its block tables."""
         assert self.model is not None
         tables = self._tables(r)
-        lo = min(first_visible_position(s, spec.kind, spec.window) for _, spec in self._layers())
+        self._check_ids(r, tables)
         self._check_mapped(r, tables, s, n, "computed")
-        self._check_ids(r, tables, lo, n)
         d = self._dense(r, n)
         self._verify_hits(r, tables, d)
         if r.pending_ext is not None:  # the load must have arrived before the request runs again
@@ -632,20 +662,39 @@ class KVCheckTarget:
         self.stats.tokens_checked += n - s
         bad, _, max_abs, max_rel = _errors(out, d.hidden[s:n], self.tol)
         if bool(bad.any()):
-            self._output_mismatch(r, tables, d, s, n, [s + i for i, x in enumerate(bad.tolist()) if x], max_abs, max_rel)
+            self._output_mismatch(
+                r, tables, d, s, n, [s + i for i, x in enumerate(bad.tolist()) if x], max_abs, max_rel
+            )
 
-    def _check_ids(self, r: _Req, tables: list[tuple[int, ...]], lo: int, n: int) -> None:
+    def _check_ids(self, r: _Req, tables: list[tuple[int, ...]]) -> None:
+        """Every id in the request's tables must name a block of the pool (0 = null)."""
         nb = self.config.num_blocks
         for _, spec in self._layers():
             g = spec.group
             bad = sorted({b for b in tables[g] if not 0 <= b < nb})
             if bad:
-                self._raise("unmapped-slot", r, [], g, None, bad, math.inf, math.inf,
-                            f"request {r.rid}: group {g} table holds block id(s) {bad} outside the pool of {nb}")
+                self._raise(
+                    "unmapped-slot",
+                    r,
+                    [],
+                    g,
+                    None,
+                    bad,
+                    math.inf,
+                    math.inf,
+                    f"request {r.rid}: group {g} table holds block id(s) {bad} outside the pool of {nb}",
+                )
 
     def _output_mismatch(
-        self, r: _Req, tables: list[tuple[int, ...]], d: DenseRun, s: int, n: int,
-        positions: list[int], max_abs: float, max_rel: float,
+        self,
+        r: _Req,
+        tables: list[tuple[int, ...]],
+        d: DenseRun,
+        s: int,
+        n: int,
+        positions: list[int],
+        max_abs: float,
+        max_rel: float,
     ) -> None:
         """Find the first layer whose visible K/V differ from the dense KV, and name its blocks."""
 
@@ -655,8 +704,9 @@ class KVCheckTarget:
         bad_kv, _, _ = self._compare_kv(r, tables, d, visible, n)
         where = ""
         layer = group = None
-        blocks = sorted({tables[g][p // self.block_sizes[g]] for g in {sp.group for _, sp in self._layers()}
-                         for p in range(s, n)})
+        blocks = sorted(
+            {tables[g][p // self.block_sizes[g]] for g in {sp.group for _, sp in self._layers()} for p in range(s, n)}
+        )
         if bad_kv:
             first_layer = min(x.layer for x in bad_kv)
             bad_kv = [x for x in bad_kv if x.layer == first_layer]
@@ -665,13 +715,27 @@ class KVCheckTarget:
             kv_pos = sorted({p for x in bad_kv for p in x.positions})
             nan = all(x.nan for x in bad_kv)
             null = 0 in blocks
-            why = ("the null block (a block dropped while still in the window)" if null else
-                   "NaN: freed or never written" if nan else "another sequence's KV")
-            where = (f"; layer {layer} (group {group}) reads wrong KV at positions {_fmt_positions(kv_pos)} "
-                     f"in block(s) {blocks}: {why}")
+            why = (
+                "the null block (a block dropped while still in the window)"
+                if null
+                else "NaN: freed or never written"
+                if nan
+                else "another sequence's KV"
+            )
+            where = (
+                f"; layer {layer} (group {group}) reads wrong KV at positions {_fmt_positions(kv_pos)} "
+                f"in block(s) {blocks}: {why}"
+            )
         err = "NaN" if not math.isfinite(max_abs) else f"{max_abs:.3g}"
         self._raise(
-            "attention-output", r, positions, group, layer, blocks, max_abs, max_rel,
+            "attention-output",
+            r,
+            positions,
+            group,
+            layer,
+            blocks,
+            max_abs,
+            max_rel,
             f"request {r.rid}: attention over the paged cache differs from dense attention at positions "
             f"{_fmt_positions(positions)} (largest abs error {err}){where}",
             bad_kv,
@@ -692,13 +756,20 @@ class KVCheckTarget:
         obs = self.obs
         assert obs is not None
         secondary = getattr(obs, "secondary_keys", None) or {}
-        self._poison(
-            b for b in self.written if obs.ref_cnt[b] <= 0 and obs.block_key[b] is None and b not in secondary
-        )
+        self._poison(b for b in self.written if obs.ref_cnt[b] <= 0 and obs.block_key[b] is None and b not in secondary)
 
     def _raise(
-        self, kind: str, r: _Req, positions: list[int], group: int | None, layer: int | None,
-        blocks: list[int], max_abs: float, max_rel: float, summary: str, bad_kv: list[BadKV] | None = None,
+        self,
+        kind: str,
+        r: _Req,
+        positions: list[int],
+        group: int | None,
+        layer: int | None,
+        blocks: list[int],
+        max_abs: float,
+        max_rel: float,
+        summary: str,
+        bad_kv: list[BadKV] | None = None,
     ) -> None:
         raise KVMismatch(
             KVFinding(

@@ -309,7 +309,7 @@ def hashed_means_full_and_correct(c: StateContext) -> str | None:
                     return f"group {gid} request {rid!r} slot {i} (block {b}) is below the cached count {cached} but unhashed"
                 if i >= len(view) or key != make_block_key(view[i], GroupId(gid)):
                     return f"group {gid} request {rid!r} slot {i} (block {b}) is hashed with a key that is not the request's hash {i}"
-                if pool.block_key_tokens[b] != (i + 1) * bs:
+                if pool.block_key_tokens[b] not in (None, (i + 1) * bs):  # None: a target that does not say
                     return (
                         f"block {b} holds a full key but records {pool.block_key_tokens[b]} tokens, not {(i + 1) * bs}"
                     )
@@ -333,8 +333,10 @@ def _masked(config: KVCacheConfig, gid: int, index: int) -> bool:
 
 @invariant("§9.11")
 def cache_bounds(c: StateContext) -> str | None:
-    """``num_cached_block`` never exceeds the table, the hashed tokens or the verified tokens (so
-    drafts and lookahead slots are never cached)."""
+    """``num_cached_block`` never exceeds the table or the verified tokens (so drafts and lookahead
+    slots are never cached), and every real block it covers lies within the request's hashes.
+    Null placeholders adopted for window-skipped tokens count as cached without a hash (vLLM 0.33
+    ``add_local_computed_blocks``), which with caching off is the only way the count grows."""
     hbs = c.config.hash_block_size
     for gid, group in enumerate(c.state.groups):
         bs = c.config.groups[gid].block_size
@@ -345,10 +347,13 @@ def cache_bounds(c: StateContext) -> str | None:
                 return f"group {gid} request {rid!r}: num_cached_block {n} > table length {len(table)}"
             if req is None:
                 return f"group {gid}: num_cached_block for unknown request {rid!r}"
-            if n * bs > len(req.block_hashes) * hbs or n * bs > req.num_tokens:
+            if n * bs > req.num_tokens:
+                return f"group {gid} request {rid!r}: num_cached_block {n} covers {n * bs} tokens > num_tokens {req.num_tokens}"
+            real = [i for i in range(n) if table[i] != NULL_BLOCK_ID]
+            if real and (real[-1] + 1) * bs > len(req.block_hashes) * hbs:
                 return (
-                    f"group {gid} request {rid!r}: num_cached_block {n} covers {n * bs} tokens, beyond "
-                    f"{len(req.block_hashes)} hashes x {hbs} or num_tokens {req.num_tokens}"
+                    f"group {gid} request {rid!r}: cached block at index {real[-1]} lies beyond its "
+                    f"{len(req.block_hashes)} hashes x {hbs} tokens"
                 )
     return None
 
@@ -567,7 +572,13 @@ def successful_allocation_is_exact(s: StepContext) -> str | None:
         + a.get("num_lookahead_tokens", 0),
         config.max_model_len,
     )
+    # Fresh blocks come from the free queue, which this very call may have refilled first by
+    # releasing the request's own out-of-window blocks (step 5 runs before allocating).
     free_before = set(b.pool.free_queue)
+    for gid in range(len(config.groups)):
+        old_table = b.groups[gid].req_to_blocks.get(req.request_id, ())
+        new_table = s.after.groups[gid].req_to_blocks.get(req.request_id, ())
+        free_before.update(x for x, y in zip(old_table, new_table) if y == NULL_BLOCK_ID)
     for gid, spec in enumerate(config.groups):
         tokens = a.get("num_encoder_tokens", 0) if spec.kind == "cross" else need_slot
         table = s.after.groups[gid].req_to_blocks.get(req.request_id, ())

@@ -189,17 +189,18 @@ def cache_blocks(state: KVCacheManagerState, request: Request, num_computed_toke
 
 
 def remove_skipped_blocks(state: KVCacheManagerState, request_id: str, num_computed_tokens: int) -> KVCacheManagerState:
-    """vLLM 0.33 ``KVCacheManager.remove_skipped_blocks``."""
-    _require_known(state, RequestId(request_id), "remove_skipped_blocks")
+    """vLLM 0.33 ``KVCacheManager.remove_skipped_blocks``.  The scheduler also calls it for
+    requests that hold nothing (finished ones, with a connector): a no-op for full attention, an
+    empty table entry for window kinds (vLLM's defaultdict)."""
     if num_computed_tokens < 0:
         raise ValueError(f"remove_skipped_blocks: num_computed_tokens must be >= 0, got {num_computed_tokens}")
     return coordinator.remove_skipped_blocks(state, RequestId(request_id), num_computed_tokens)
 
 
 def _require_known(state: KVCacheManagerState, request_id: RequestId, op: str) -> None:
-    """vLLM's defaultdicts silently invent a table for an unknown request (and ``cache_blocks``
-    would then record cached blocks it does not hold); the scheduler never asks that, so the spec
-    treats it as the caller's bug."""
+    """For an unknown request vLLM's ``cache_blocks`` invents an empty table and then records
+    cached blocks it does not hold; the scheduler never asks that, so the spec treats it as the
+    caller's bug."""
     if not any(request_id in g.req_to_blocks for g in state.groups):
         raise ValueError(f"{op}: unknown request {request_id!r} (it holds no blocks)")
 

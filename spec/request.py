@@ -123,8 +123,13 @@ def with_spec_token_ids(req: Request, token_ids: Sequence[int]) -> Request:
 
 
 def with_num_computed_tokens(req: Request, n: int) -> Request:
-    """The scheduler advances, rolls back (rejection) or zeroes (preemption) the computed count."""
-    assert 0 <= n <= req.num_tokens_with_spec, f"num_computed_tokens {n} outside [0, {req.num_tokens_with_spec}]"
+    """The scheduler advances, rolls back (rejection) or zeroes (preemption) the computed count.
+
+    vLLM 0.33 counts every scheduled token, padded dummy drafts included, until the rejection
+    rolls it back, so the count may pass ``num_tokens_with_spec`` for a while; only a negative
+    count is a caller's bug."""
+    if n < 0:
+        raise ValueError(f"request {req.request_id!r}: num_computed_tokens must be >= 0, got {n}")
     return replace(req, num_computed_tokens=TokenCount(n))
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from harness import ops as O
-from harness.obs_invariants import EventLedger, check_observation
+from harness.obs_invariants import EventLedger, ObsContext, check_observation
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, full_attention
 
@@ -24,13 +24,14 @@ def running():
     return config, t
 
 
-def names(obs, config):
-    return {v.name for v in check_observation(obs, config)}
+def names(obs, config, t=None):
+    ctx = ObsContext(requests=t.requests) if t is not None else None
+    return {v.name for v in check_observation(obs, config, ctx)}
 
 
 def test_real_state_is_clean(running):
     config, t = running
-    assert names(t.observe(), config) == set()
+    assert names(t.observe(), config, t) == set()
 
 
 def test_each_breakage_is_named(running):
@@ -41,15 +42,14 @@ def test_each_breakage_is_named(running):
     cases = {
         "free_queue_well_formed": dataclasses.replace(obs, free_queue=obs.free_queue + obs.free_queue[:1]),
         "free_iff_unreferenced": dataclasses.replace(obs, free_queue=obs.free_queue + (shared,)),
-        "ref_count": dataclasses.replace(obs, ref_cnt=tuple(1 if b == shared else c for b, c in enumerate(obs.ref_cnt))),
-        "table_shape": dataclasses.replace(obs, tables=({**obs.tables[0], "a": obs.tables[0]["a"] + (0,)},)),
-        "null_block": dataclasses.replace(obs, free_queue=(0,) + obs.free_queue),
-        "hash_map_consistent": dataclasses.replace(obs, cached={}),
-        "free_queue_partition": None,
+        "ref_count_equals_references": dataclasses.replace(obs, ref_cnt=tuple(1 if b == shared else c for b, c in enumerate(obs.ref_cnt))),
+        "null_pattern": dataclasses.replace(obs, tables=({**obs.tables[0], "a": obs.tables[0]["a"] + (0,)},)),
+        "null_block_is_inert": dataclasses.replace(obs, free_queue=(0,) + obs.free_queue),
+        "hash_map_matches_blocks": dataclasses.replace(obs, cached={}),
+        "hash_chain": dataclasses.replace(obs, request_block_hashes={**obs.request_block_hashes, "a": ()}),
     }
     for name, broken in cases.items():
-        if broken is not None:
-            assert name in names(broken, config), name
+        assert name in names(broken, config, t), name
 
 
 def test_event_ledger_detects_a_missing_event(running):
