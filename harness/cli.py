@@ -13,7 +13,6 @@ import argparse
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -87,8 +86,6 @@ def fuzz(args: argparse.Namespace) -> int:
     from harness.targets import TargetLoadError, target_factory
     from harness.trace import Trace
 
-    if args.kv_check and not Path(__file__).with_name("oracle.py").exists():
-        raise UsageError("--kv-check is not available yet (the KV-content oracle harness/oracle.py is missing)")
     try:
         families = parse_families(args.family)
     except ValueError as e:
@@ -106,8 +103,19 @@ def fuzz(args: argparse.Namespace) -> int:
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
 
+    if args.kv_check:
+        from harness.oracle import KVCheckTarget
+
+        inner_factory = factory
+
+        def factory() -> Any:
+            return KVCheckTarget(inner_factory())
+
     stats = RunStats()
-    machines = {fam: make_machine(fam, factory, args.target, args.relation, stats, args.step_timeout) for fam in families}
+    machines = {
+        fam: make_machine(fam, factory, args.target, args.relation, stats, args.step_timeout, kv_check=args.kv_check)
+        for fam in families
+    }
     covered: Counter[str] = Counter()
     tty = sys.stderr.isatty()
     start = time.monotonic()

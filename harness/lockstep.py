@@ -32,7 +32,7 @@ REQUEST_OPS = (O.AddRequest, O.AppendOutputTokens, *REQUEST_ONLY_OPS)
 
 @dataclass
 class Finding:
-    kind: str  # divergence | invariant | target-raised | target-hung | reference-raised | reference-invariant
+    kind: str  # divergence | invariant | kv-mismatch | target-raised | target-hung | reference-raised | reference-invariant
     step: int | None
     message: str
     op: dict[str, Any] | None = None
@@ -43,6 +43,8 @@ class Finding:
     requests: list[str] = field(default_factory=list)
     witness: dict[str, Any] = field(default_factory=dict)
     traceback: str | None = None
+    kv: dict[str, Any] | None = None  # a KV-content mismatch (harness.oracle.KVFinding.to_json())
+    kv_markdown: str | None = None  # its "KV contents" report section
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,6 +194,12 @@ class Lockstep:
             raise FindingError(Finding("target-hung", i, f"the target did not return within {self.step_timeout}s", O.op_to_json(op), expected=ref_out)) from None
         except Exception as e:
             self.steps.append((op, ref_out))
+            kv = getattr(e, "finding", None)
+            if kv is not None and hasattr(kv, "to_markdown"):  # harness.oracle.KVMismatch
+                raise FindingError(
+                    Finding("kv-mismatch", i, kv.summary, O.op_to_json(op), expected=ref_out, blocks=list(kv.block_ids),
+                            requests=[kv.request_id], kv=kv.to_json(), kv_markdown=kv.to_markdown())
+                ) from None
             raise FindingError(
                 Finding("target-raised", i, f"the target raised {type(e).__name__}: {e}", O.op_to_json(op), expected=ref_out, traceback=traceback.format_exc())
             ) from None

@@ -10,6 +10,7 @@ failures of exactly that combination first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class KVMachine(RuleBasedStateMachine):
     relation = "exact"
     stats: RunStats
     step_timeout: float | None = 10.0
+    kv_check = False  # the target is wrapped in the KV-content oracle
 
     def __init__(self) -> None:
         super().__init__()
@@ -166,8 +168,10 @@ class KVMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
-        config = data.draw(configs(self.family), label="config")
+        config = data.draw(configs(self.family, kv_safe=self.kv_check), label="config")
         sc = data.draw(sched_configs(config), label="scheduler")
+        if self.kv_check and any(g.kind != "full" for g in config.groups):
+            sc = dataclasses.replace(sc, full_async_loads=False, window_load_recovery=False)
         target = type(self).target_factory()
         self.stats.target_version = str(getattr(target, "version", ""))
         self.stats.examples += 1
@@ -260,9 +264,15 @@ class KVMachine(RuleBasedStateMachine):
         if r is not None and data.draw(st.integers(0, 3), label="load_fails?") == 0:
             ok = False
             bs = self.sched.cfg.block_size
-            if self.sched.cfg.single_group and data.draw(st.booleans(), label="invalid_blocks?"):
-                # invalid blocks: truncate at the first invalid block (0.33 _update_requests_with_invalid_blocks)
-                valid = bs * data.draw(st.integers(0, max(0, -(-r.num_computed // bs) - 1)), label="first_invalid")
+            # Invalid blocks: truncate at the first invalid block (0.33 _update_requests_with_invalid_blocks).
+            # The worker only reports real blocks, so the first invalid one lies past any null prefix.
+            # Under --kv-check windowed groups skip this: vLLM 0.33 then recomputes tokens whose
+            # window blocks were already dropped (docs/findings.md).
+            table = self.sched.table(rid) if self.sched.table is not None else ()
+            lead = next((i for i, b in enumerate(table) if b), len(table))
+            last = -(-r.num_computed // bs) - 1
+            if self.sched.cfg.single_group and lead <= last and self.sched.cfg.window_load_recovery and data.draw(st.booleans(), label="invalid_blocks?"):
+                valid = bs * data.draw(st.integers(lead, max(lead, last)), label="first_invalid")
                 valid = min(valid, r.num_computed)
         self._run(data, "kv_arrives" if ok else "kv_load_failed", lambda: self.sched.kv_arrives(rid, ok, valid))  # type: ignore[union-attr]
 
@@ -286,9 +296,25 @@ class KVMachine(RuleBasedStateMachine):
             self.stats.ops.update(self.ls.op_counts)
 
 
-def make_machine(family: str, target_factory: Callable[[], Target], target_name: str, relation: str, stats: RunStats, step_timeout: float | None = 10.0) -> type[KVMachine]:
-    name = f"KVMachine_{family}_{target_name.replace(':', '_').replace('.', '_')}_{relation}"
-    cls = type(name, (KVMachine,), {"family": family, "target_factory": staticmethod(target_factory), "relation": relation, "stats": stats, "step_timeout": step_timeout})
+def make_machine(
+    family: str,
+    target_factory: Callable[[], Target],
+    target_name: str,
+    relation: str,
+    stats: RunStats,
+    step_timeout: float | None = 10.0,
+    kv_check: bool = False,
+) -> type[KVMachine]:
+    name = f"KVMachine_{family}_{target_name.replace(':', '_').replace('.', '_')}_{relation}{'_kv' if kv_check else ''}"
+    attrs = {
+        "family": family,
+        "target_factory": staticmethod(target_factory),
+        "relation": relation,
+        "stats": stats,
+        "step_timeout": step_timeout,
+        "kv_check": kv_check,
+    }
+    cls = type(name, (KVMachine,), attrs)
     return cls
 
 

@@ -98,6 +98,8 @@ def render_report(trace: Trace) -> str:
     lines.append("```")
     if step is not None and 0 <= step < len(trace.steps):
         lines += _failing_step_section(trace, step, f)
+    if f.get("kv_markdown"):
+        lines += ["", f["kv_markdown"].rstrip()]
     if f.get("traceback"):
         lines += ["", "## Traceback", "", "```", f["traceback"].rstrip(), "```"]
     return "\n".join(lines) + "\n"

@@ -54,6 +54,14 @@ class SchedConfig:
     num_lookahead_tokens: int = 0  # EAGLE / draft-model lookahead slots (0 or k)
     connector: bool = False  # a KV connector (P/D) answers get_num_new_matched_tokens
     single_group: bool = True  # invalid-block recovery needs one group (vLLM 0.33)
+    # An async load may cover the whole prompt (then the last token is recomputed).  Off under
+    # --kv-check with window groups: vLLM 0.33 may then recompute it into a skipped (null) block,
+    # a finding explained in docs/findings.md.
+    full_async_loads: bool = True
+    # Recovery from invalid blocks of a load (recompute from the first invalid block).  Off under
+    # --kv-check with window groups: vLLM 0.33 then recomputes tokens whose window blocks it has
+    # already dropped (docs/findings.md).
+    window_load_recovery: bool = True
 
 
 @dataclass
@@ -326,7 +334,10 @@ class Scheduler:
         if room <= 0 or not self.ch.boolean("connector_hit"):
             return 0, False
         if self.ch.boolean("async_load"):
-            return self.ch.integer(1, room, "ext_async", boundary=self.cfg.block_size), True
+            most = room if self.cfg.full_async_loads else room - 1
+            if most < 1:
+                return 0, False
+            return self.ch.integer(1, most, "ext_async", boundary=self.cfg.block_size), True
         if room <= 1:
             return 0, False
         return self.ch.integer(1, room - 1, "ext_sync", boundary=self.cfg.block_size), False
@@ -402,14 +413,18 @@ class Scheduler:
         before = r.num_computed - num_scheduled
         first_ext_block = (before - ext) // bs
         last = -(-before // bs)
-        if first_ext_block >= last or self.table is None:
+        if first_ext_block >= last or self.table is None or not self.cfg.window_load_recovery:
             return False
-        i = self.ch.integer(first_ext_block, last - 1, "invalid_block")
+        # The worker reports real blocks only: a null (window-skipped) position is never invalid.
+        table = self.table(r.request_id)
+        real = [j for j in range(first_ext_block, min(last, len(table))) if table[j]]
+        if not real:
+            return False
+        i = real[self.ch.integer(0, len(real) - 1, "invalid_block")]
         if self.ch.boolean("recompute_kv_load_failures"):
             self._set_computed(r, i * bs)
             self.counts["load_invalid_recompute"] += 1
             return False
-        table = self.table(r.request_id)
         self.emit(O.EvictBlocks(tuple(b for b in table[i:last] if b)))
         self.counts["evict_blocks"] += 1
         self.reqs.pop(r.request_id)

@@ -69,7 +69,9 @@ class SeededChoices:
         return self.rng.choice(ALPHABET)
 
 
-def run_sched_trace(target: Any, config: KVCacheConfig, seed: int, rules: int, load_failures: bool = True) -> TraceResult:
+def run_sched_trace(
+    target: Any, config: KVCacheConfig, seed: int, rules: int, load_failures: bool = True
+) -> TraceResult:
     """Reset ``target`` and run ``rules`` random scheduler actions (the machine's rules: arrivals,
     engine steps, finishes, aborts, KV arrivals, prefix-cache resets) against it alone.
     ``load_failures=False`` keeps every KV load successful (sync and async)."""
@@ -127,7 +129,9 @@ def run_sched_trace(target: Any, config: KVCacheConfig, seed: int, rules: int, l
                     extra["cache_salt"] = rng.choice(["tenant-a", "tenant-b"])
                 elif f == 3 and len(prompt) >= 2:
                     off = rng.randint(0, len(prompt) - 1)
-                    extra["mm_features"] = (O.MMFeatureSpec(rng.choice(["img-a", "img-b"]), off, rng.randint(1, len(prompt) - off)),)
+                    extra["mm_features"] = (
+                        O.MMFeatureSpec(rng.choice(["img-a", "img-b"]), off, rng.randint(1, len(prompt) - off)),
+                    )
                 elif f == 4:
                     extra["skip_reading_prefix_cache"] = True
                 sched.add_request(O.AddRequest(sched.new_request_id(), prompt, **extra))

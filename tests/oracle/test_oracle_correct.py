@@ -45,7 +45,9 @@ def test_impl_passes_opgen_traces(name, config):
         assert r.finding is None, r.finding.to_markdown()
         assert r.stopped is None, r.stopped
     s = target.stats
-    totals.update(runs=s.model_runs, hits=s.hit_tokens_checked, ext=s.external_tokens_written, poisoned=s.blocks_poisoned)
+    totals.update(
+        runs=s.model_runs, hits=s.hit_tokens_checked, ext=s.external_tokens_written, poisoned=s.blocks_poisoned
+    )
     assert totals["runs"] > 150 and totals["poisoned"] > 0 and totals["ext"] > 0, totals
     assert totals["hits"] > 0 or "chunked" in name, totals
 
@@ -133,7 +135,7 @@ def test_finding_renders_as_json_and_markdown():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CI has no GPU)")
 def test_oracle_on_cuda():  # pragma: no cover - GPU only
-    for name, config in ALL[:3]:
+    for _name, config in ALL[:3]:
         target = KVCheckTarget(ImplTarget(), device="cuda")
         r = run_trace(target, config, 0, STEPS)
         assert r.finding is None, r.finding.to_markdown()
