@@ -12,9 +12,11 @@ dense SDPA on a large shuffled pool and prints the achieved KV-read bandwidth.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Step = tuple[str, str, Any]
@@ -127,7 +129,74 @@ def run_vllm(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, 
     return calls, time.perf_counter() - t0, results
 
 
-def bench_allocator(requests: int, steps: int, seed: int, num_blocks: int, block_size: int) -> None:
+def run_spec(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, list[Any]]:
+    """The reference model on the same trace (its state is a value: every call copies the pool's
+    tuples, so its cost grows with the pool; it is built for the harness' small pools)."""
+    from spec import kv_cache_manager as m
+    from spec.config import KVCacheConfig, full_attention
+    from spec.request import RequestStatus, append_output_token_ids, make_request, with_num_computed_tokens, with_status
+
+    cfg = KVCacheConfig(num_blocks=num_blocks, groups=(full_attention(block_size),), max_model_len=1 << 20)
+    state = m.init_kv_cache_manager(cfg)
+    reqs: dict[str, Any] = {}
+    results: list[Any] = []
+    calls = 0
+    t0 = time.perf_counter()
+    for kind, rid, arg in trace:
+        if kind == "admit":
+            r = make_request(rid, arg, cfg)
+            hit = m.get_computed_blocks(state, r)
+            state, new = m.allocate_slots(state, r, r.num_tokens - hit.num_hit_tokens, hit.num_hit_tokens, hit)
+            calls += 2
+            reqs[rid] = with_status(with_num_computed_tokens(r, r.num_tokens), RequestStatus.RUNNING)
+            results.append(new)
+        elif kind == "decode":
+            r = append_output_token_ids(reqs[rid], [arg])
+            state, new = m.allocate_slots(state, r, 1)
+            calls += 1
+            reqs[rid] = with_num_computed_tokens(r, r.num_tokens)
+            results.append(new)
+        else:
+            state = m.free(state, rid)
+            calls += 1
+            del reqs[rid]
+    return calls, time.perf_counter() - t0, results
+
+
+def oracle_cost(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, float]:
+    """Seconds per operation of the impl target with and without the KV-content oracle, on the
+    trace as harness operations (each admission and decode runs the model once)."""
+    from harness import ops as O
+    from harness.oracle import KVCheckTarget
+    from harness.targets.impl import ImplTarget
+    from spec.config import KVCacheConfig, full_attention
+
+    cfg = KVCacheConfig(num_blocks=num_blocks, groups=(full_attention(block_size),), max_model_len=1 << 20)
+    program: list[O.Op] = []
+    computed: dict[str, int] = {}
+    for kind, rid, arg in trace:
+        if kind == "admit":
+            program += [O.AddRequest(rid, tuple(arg)), O.GetComputedBlocks(rid), O.SetStatus(rid, "RUNNING")]
+            computed[rid] = len(arg)
+            program += [O.AllocateSlots(rid, len(arg), use_computed_blocks=False), O.SetNumComputedTokens(rid, len(arg))]
+        elif kind == "decode":
+            computed[rid] += 1
+            program += [O.AppendOutputTokens(rid, (arg,)), O.AllocateSlots(rid, 1), O.SetNumComputedTokens(rid, computed[rid])]
+        else:
+            program.append(O.Free(rid))
+    secs = []
+    for target in (ImplTarget(), KVCheckTarget(ImplTarget())):
+        target.reset(cfg)
+        t0 = time.perf_counter()
+        for op in program:
+            target.apply(op)
+        secs.append(time.perf_counter() - t0)
+    return len(program), secs[0], secs[1]
+
+
+def bench_allocator(
+    requests: int, steps: int, seed: int, num_blocks: int, block_size: int, spec_steps: int, oracle_steps: int, json_path: str | None
+) -> None:
     trace = decode_heavy_trace(requests, steps, seed, block_size)
     print(
         f"trace: {len(trace)} steps ({sum(s[0] == 'decode' for s in trace)} decodes), {requests} live requests, "
@@ -142,16 +211,42 @@ def bench_allocator(requests: int, steps: int, seed: int, num_blocks: int, block
         print("vllm not installed: impl only")
     rates: dict[str, float] = {}
     outs: dict[str, list[Any]] = {}
+    rows = []
     for name, fn in runners:
         calls, secs, res = fn(trace, num_blocks, block_size)
         rates[name] = calls / secs
         outs[name] = [None if x is None else tuple(tuple(g) for g in x) for x in res]
-        print(f"{name:5s}: {calls} manager calls in {secs:.3f} s = {rates[name]:,.0f} ops/s")
+        rows.append((name, calls, secs))
+    prefix = trace[:spec_steps]
+    calls, secs, res = run_spec(prefix, num_blocks, block_size)
+    rates["spec"] = calls / secs
+    rows.append((f"spec (first {len(prefix)} steps)", calls, secs))
+    same_spec = [None if x is None else tuple(tuple(g) for g in x) for x in res] == outs["impl"][: len(res)]
+    n_ops, plain, checked = oracle_cost(trace[:oracle_steps], num_blocks, block_size)
+    print(f"{'manager':28s} {'calls':>8s} {'seconds':>8s} {'calls/s':>10s}")
+    for name, calls, secs in rows:
+        print(f"{name:28s} {calls:8d} {secs:8.3f} {calls / secs:10,.0f}")
+    report: dict[str, Any] = {
+        "trace": {"steps": len(trace), "requests": requests, "num_blocks": num_blocks, "block_size": block_size, "seed": seed},
+        "ops_per_s": rates,
+        "spec_identical_to_impl": same_spec,
+        "oracle": {"ops": n_ops, "impl_s": plain, "impl_with_oracle_s": checked, "ms_per_op": 1e3 * (checked - plain) / n_ops},
+    }
     if "vllm" in rates:
         same = outs["impl"] == outs["vllm"]
+        report["impl_over_vllm"] = rates["impl"] / rates["vllm"]
+        report["impl_identical_to_vllm"] = same
         print(f"ratio impl/vllm: {rates['impl'] / rates['vllm']:.2f}x; identical block ids: {same}")
         if not same:
             raise SystemExit("impl and vLLM handed out different blocks on the same trace")
+    print(f"spec: identical block ids to impl on its {len(prefix)} steps: {same_spec}")
+    print(
+        f"oracle: {n_ops} harness ops, impl alone {plain:.3f} s, with the KV oracle {checked:.3f} s "
+        f"= {report['oracle']['ms_per_op']:.2f} ms per op"
+    )
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {json_path}")
 
 
 def bench_attention() -> None:  # pragma: no cover - GPU only
@@ -209,10 +304,15 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--num-blocks", type=int, default=16384)
     a.add_argument("--block-size", type=int, default=16)
+    a.add_argument("--spec-steps", type=int, default=3000, help="trace prefix the spec replays (its cost grows with the pool)")
+    a.add_argument("--oracle-steps", type=int, default=1500, help="trace prefix timed with and without the KV oracle")
+    a.add_argument("--json", help="also write the figures as JSON here")
     sub.add_parser("attention")
     args = ap.parse_args(argv)
     if args.what == "allocator":
-        bench_allocator(args.requests, args.steps, args.seed, args.num_blocks, args.block_size)
+        bench_allocator(
+            args.requests, args.steps, args.seed, args.num_blocks, args.block_size, args.spec_steps, args.oracle_steps, args.json
+        )
     else:
         bench_attention()
 
