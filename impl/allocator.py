@@ -842,6 +842,7 @@ class KVCacheManager:
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> tuple[list[int], ...] | None:
         """vLLM 0.33 ``allocate_slots``: None when out of blocks, else the newly allocated blocks."""
         ext = num_external_computed_tokens
@@ -854,7 +855,13 @@ class KVCacheManager:
             and not (new_computed_blocks is not None and any(len(h) for h in new_computed_blocks))
         ):
             return self._allocate_plain(
-                req, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, delay_cache_blocks, reserved_blocks
+                req,
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
+                has_scheduled_reqs,
             )
         hits: Sequence[Sequence[int]]
         has_hits = new_computed_blocks is not None and any(len(h) for h in new_computed_blocks)
@@ -866,7 +873,7 @@ class KVCacheManager:
                 if h and local % m.block_size and rid not in m.num_cached:
                     raise NotImplementedError("partial (sub-block) prefix hits are out of scope")
         total = min(local + ext, self.max_model_len)
-        wm = self.watermark_blocks if req.status in (WAITING, PREEMPTED) else 0
+        wm = self.watermark_blocks if has_scheduled_reqs and req.status in (WAITING, PREEMPTED) else 0
         pool = self.pool
         if full_sequence_must_fit:
             full = min(req.num_tokens, self.max_model_len)
@@ -890,7 +897,14 @@ class KVCacheManager:
         return new
 
     def _allocate_plain(
-        self, req: Request, num_new: int, num_new_computed: int, lookahead: int, delay: bool, reserved: int
+        self,
+        req: Request,
+        num_new: int,
+        num_new_computed: int,
+        lookahead: int,
+        delay: bool,
+        reserved: int,
+        has_scheduled_reqs: bool,
     ) -> tuple[list[int], ...] | None:
         """``allocate_slots`` when every group is full attention and there is nothing to adopt: no
         skipped blocks, and the prediction is ``max(cdiv(need_slot, bs) - held, 0)`` per group
@@ -908,7 +922,7 @@ class KVCacheManager:
             grow = -(-need_slot // m.block_size) - held
             if grow > 0:
                 k += grow
-        wm = self.watermark_blocks if req.status in (WAITING, PREEMPTED) else 0
+        wm = self.watermark_blocks if has_scheduled_reqs and req.status in (WAITING, PREEMPTED) else 0
         pool = self.pool
         if k + wm > pool.num_free - reserved:
             return None
