@@ -107,6 +107,30 @@ class AllocateSlots:
     has_scheduled_reqs: bool = True  # the watermark applies only when another request is scheduled
     op: str = field(default="allocate_slots", init=False)
 
+    def manager_kwargs(self, new_computed_blocks: Any) -> dict[str, Any]:
+        """The keyword arguments of vLLM 0.33 ``allocate_slots`` after ``num_new_tokens``, with the
+        target's own lookup result as ``new_computed_blocks`` (None when not used)."""
+        return dict(
+            num_new_computed_tokens=self.num_new_computed_tokens,
+            new_computed_blocks=new_computed_blocks,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            num_external_computed_tokens=self.num_external_computed_tokens,
+            delay_cache_blocks=self.delay_cache_blocks,
+            num_encoder_tokens=self.num_encoder_tokens,
+            full_sequence_must_fit=self.full_sequence_must_fit,
+            reserved_blocks=self.reserved_blocks,
+            has_scheduled_reqs=self.has_scheduled_reqs,
+        )
+
+    def take_computed_blocks(self, remembered: dict[str, Any]) -> Any:
+        """The lookup result a target remembered for this request, consumed once (as vLLM's
+        scheduler passes it to one ``allocate_slots``); None unless ``use_computed_blocks``."""
+        if not self.use_computed_blocks:
+            return None
+        if self.request_id not in remembered:
+            raise ValueError(f"allocate_slots({self.request_id!r}) uses computed blocks, but none were looked up")
+        return remembered.pop(self.request_id)
+
 
 @dataclass(frozen=True, slots=True)
 class Free:

@@ -146,24 +146,8 @@ class ImplTarget:
     def _allocate_slots(self, op: AllocateSlots) -> dict[str, Any] | None:
         assert self._manager is not None
         r = self._req(op.request_id)
-        computed = None
-        if op.use_computed_blocks:
-            if op.request_id not in self._computed:
-                raise ValueError(f"allocate_slots({op.request_id!r}) uses computed blocks, but none were looked up")
-            computed = self._computed[op.request_id]
-        new = self._manager.allocate_slots(
-            r.core,
-            op.num_new_tokens,
-            num_new_computed_tokens=op.num_new_computed_tokens,
-            new_computed_blocks=computed,
-            num_lookahead_tokens=op.num_lookahead_tokens,
-            num_external_computed_tokens=op.num_external_computed_tokens,
-            delay_cache_blocks=op.delay_cache_blocks,
-            num_encoder_tokens=op.num_encoder_tokens,
-            full_sequence_must_fit=op.full_sequence_must_fit,
-            reserved_blocks=op.reserved_blocks,
-            has_scheduled_reqs=op.has_scheduled_reqs,
-        )
+        computed = op.take_computed_blocks(self._computed)
+        new = self._manager.allocate_slots(r.core, op.num_new_tokens, **op.manager_kwargs(computed))
         return None if new is None else {"block_ids": [list(x) for x in new]}
 
     def _free(self, op: Free) -> None:

@@ -110,22 +110,7 @@ class SpecTarget:
 
     def _allocate_slots(self, op: O.AllocateSlots) -> dict[str, Any] | None:
         req = self._req(op.request_id)
-        hits = None
-        if op.use_computed_blocks:
-            if op.request_id not in self._computed:
-                raise ValueError(f"allocate_slots({op.request_id!r}) uses computed blocks but no lookup preceded it")
-            hits = self._computed.pop(op.request_id)
-        kwargs = dict(
-            num_new_computed_tokens=op.num_new_computed_tokens,
-            new_computed_blocks=hits,
-            num_lookahead_tokens=op.num_lookahead_tokens,
-            num_external_computed_tokens=op.num_external_computed_tokens,
-            delay_cache_blocks=op.delay_cache_blocks,
-            num_encoder_tokens=op.num_encoder_tokens,
-            full_sequence_must_fit=op.full_sequence_must_fit,
-            reserved_blocks=op.reserved_blocks,
-            has_scheduled_reqs=op.has_scheduled_reqs,
-        )
+        kwargs = op.manager_kwargs(op.take_computed_blocks(self._computed))
         before = self.state
         self.state, new = kvm.allocate_slots(self.state, req, op.num_new_tokens, **kwargs)
         self._called(before, "allocate_slots", {"request_id": op.request_id, "num_new_tokens": op.num_new_tokens, **kwargs}, new, req)

@@ -286,24 +286,8 @@ class VllmTarget:
         """vLLM 0.33 ``allocate_slots``; ``new_computed_blocks`` is what ``get_computed_blocks`` returned
         for this request when ``use_computed_blocks``, else None (the scheduler's running-request call)."""
         request = self._request(op.request_id)
-        computed = None
-        if op.use_computed_blocks:
-            if op.request_id not in self._computed:
-                raise ValueError(f"allocate_slots({op.request_id!r}) uses computed blocks, but none were looked up")
-            computed = self._computed.pop(op.request_id)  # used once, as the scheduler does
-        new_blocks = self._manager.allocate_slots(
-            request,
-            op.num_new_tokens,
-            num_new_computed_tokens=op.num_new_computed_tokens,
-            new_computed_blocks=computed,
-            num_lookahead_tokens=op.num_lookahead_tokens,
-            num_external_computed_tokens=op.num_external_computed_tokens,
-            delay_cache_blocks=op.delay_cache_blocks,
-            num_encoder_tokens=op.num_encoder_tokens,
-            full_sequence_must_fit=op.full_sequence_must_fit,
-            reserved_blocks=op.reserved_blocks,
-            has_scheduled_reqs=op.has_scheduled_reqs,
-        )
+        computed = op.take_computed_blocks(self._computed)
+        new_blocks = self._manager.allocate_slots(request, op.num_new_tokens, **op.manager_kwargs(computed))
         if new_blocks is None:
             return None
         return {"block_ids": _block_ids(new_blocks)}
