@@ -34,9 +34,9 @@ def near_multiples(m: int, lo: int, hi: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def _pool(draw: st.DrawFn, blocks_per_seq: int) -> tuple[int, int]:
-    """(num_blocks, max_model_len in blocks): a pool that holds one to three full sequences."""
+    """(num_blocks, max_model_len in blocks): a pool that holds one to two full sequences."""
     seq_blocks = draw(st.integers(2, max(2, blocks_per_seq)))
-    num_blocks = 1 + draw(st.integers(seq_blocks, 3 * seq_blocks + 2))
+    num_blocks = 1 + draw(st.integers(seq_blocks, 2 * seq_blocks + 1))
     return num_blocks, seq_blocks
 
 
