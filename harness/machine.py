@@ -29,6 +29,7 @@ from spec.config import KVCacheConfig
 
 ALPHABET = (1, 2, 3)  # small: identical blocks under different prefixes are common
 MAX_LIVE_REQUESTS = 6
+MM_ITEM_LENGTHS = {"img-a": 2, "img-b": 5}  # multimodal items: identifier -> placeholder tokens
 
 
 @dataclass
@@ -215,10 +216,13 @@ class KVMachine(RuleBasedStateMachine):
             lora = data.draw(st.sampled_from([("sql", "/loras/sql"), ("chat", "/loras/chat")]), label="lora")
         elif features == 2:
             cache_salt = data.draw(st.sampled_from(["tenant-a", "tenant-b"]), label="cache_salt")
-        elif features == 3 and len(prompt) >= 2:
-            off = data.draw(st.integers(0, len(prompt) - 1), label="mm_offset")
-            length = data.draw(st.integers(1, len(prompt) - off), label="mm_length")
-            mm = (O.MMFeatureSpec(data.draw(st.sampled_from(["img-a", "img-b"]), label="mm_id"), off, length),)
+        elif features == 3:
+            # An item's identifier is its content hash, so it fixes its placeholder length too.
+            ident = data.draw(st.sampled_from(sorted(MM_ITEM_LENGTHS)), label="mm_id")
+            length = MM_ITEM_LENGTHS[ident]
+            if length <= len(prompt):
+                off = data.draw(st.integers(0, len(prompt) - length), label="mm_offset")
+                mm = (O.MMFeatureSpec(ident, off, length),)
         elif features == 4:
             skip = True  # prompt logprobs: never reads the prefix cache
         if features in (1, 2, 3, 4):

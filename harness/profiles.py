@@ -14,7 +14,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILES = {
     "dev": dict(max_examples=30, stateful_step_count=40),
-    "ci": dict(max_examples=150, stateful_step_count=50),
+    "ci": dict(max_examples=500, stateful_step_count=50),
     "nightly": dict(max_examples=2000, stateful_step_count=80),
 }
 

@@ -69,7 +69,8 @@ def scheduler_trace(config: KVCacheConfig, seed: int, steps: int) -> Iterator[tu
                 extra["cache_salt"] = rng.choice(["s", "t"])
             if rng.random() < 0.1 and len(prompt) > 6:
                 off = rng.randrange(len(prompt) - 4)
-                extra["mm_features"] = (MMFeatureSpec(rng.choice(["img1", "img2"]), off, rng.randrange(1, 5)),)
+                ident = rng.choice(["img1", "img2"])  # the content hash fixes the placeholder length
+                extra["mm_features"] = (MMFeatureSpec(ident, off, {"img1": 2, "img2": 4}[ident]),)
             if rng.random() < 0.05:
                 extra["skip_reading_prefix_cache"] = True
             yield AddRequest(r.rid, prompt, **extra), feed
