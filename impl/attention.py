@@ -114,7 +114,7 @@ def triton_available() -> bool:
 _KERNEL = None
 
 
-def _build_kernel():  # pragma: no cover - needs CUDA and Triton
+def _build_kernel():  # pragma: no cover - needs Triton
     import triton
     import triton.language as tl
 
@@ -190,6 +190,21 @@ def paged_attention_triton(
         raise RuntimeError("the Triton kernel needs CUDA and the triton package")
     if _KERNEL is None:
         _KERNEL = _build_kernel()
+    return launch_paged_attention_kernel(_KERNEL, q, k_cache, v_cache, block_table, start, kind, window)
+
+
+def launch_paged_attention_kernel(
+    kernel: object,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    start: int,
+    kind: str,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Launch ``_build_kernel()``'s kernel (compiled for CUDA, or interpreted on CPU under
+    ``TRITON_INTERPRET=1``, which is how CI checks its logic without a GPU)."""
     t, hq, d = q.shape
     nb, bs, hkv, _ = k_cache.shape
     if d & (d - 1):
@@ -197,7 +212,7 @@ def paged_attention_triton(
     q = q.contiguous()  # [T, Hq, D]
     out = torch.empty_like(q)  # [T, Hq, D]
     kind_id = {"full": 0, "sliding_window": 1, "chunked_local": 2}[kind]
-    _KERNEL[(t, hq)](
+    kernel[(t, hq)](  # type: ignore[index]
         q,
         k_cache,
         v_cache,
