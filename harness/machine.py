@@ -28,7 +28,7 @@ from harness.targets.base import Target, Unsupported
 from spec.config import KVCacheConfig
 
 ALPHABET = (1, 2, 3)  # small: identical blocks under different prefixes are common
-MAX_LIVE_REQUESTS = 6
+MAX_LIVE_REQUESTS = 8
 MM_ITEM_LENGTHS = {"img-a": 2, "img-b": 5}  # multimodal items: identifier -> placeholder tokens
 
 
@@ -96,12 +96,13 @@ def sched_configs(config: KVCacheConfig) -> st.SearchStrategy[SchedConfig]:
         k = draw(st.sampled_from([0, 0, 1, 2, 3]))
         return SchedConfig(
             token_budget=draw(near_multiples(bs, 1, 4 * bs + 1)),
-            max_num_seqs=draw(st.integers(1, 4)),
+            max_num_seqs=draw(st.integers(1, 6)),
             max_model_len=config.max_model_len,
             block_size=bs,
             num_spec_tokens=k,
             num_lookahead_tokens=draw(st.sampled_from([0, k])) if k else 0,
             connector=draw(st.booleans()),
+            reserve_full_isl=draw(st.integers(0, 3)) == 0,
             single_group=len(config.groups) == 1,
         )
 
@@ -170,6 +171,8 @@ class KVMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
         config = data.draw(configs(self.family, kv_safe=self.kv_check), label="config")
+        if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
+            config = dataclasses.replace(config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark"))
         sc = data.draw(sched_configs(config), label="scheduler")
         if self.kv_check and any(g.kind != "full" for g in config.groups):
             sc = dataclasses.replace(sc, full_async_loads=False, window_load_recovery=False)

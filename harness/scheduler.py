@@ -58,6 +58,9 @@ class SchedConfig:
     # --kv-check with window groups: vLLM 0.33 may then recompute it into a skipped (null) block,
     # a finding explained in docs/findings.md.
     full_async_loads: bool = True
+    # vLLM 0.33 scheduler_reserve_full_isl: admissions pass full_sequence_must_fit (the whole prompt
+    # must fit, window kinds capped by their recycling bound).
+    reserve_full_isl: bool = False
     # Recovery from invalid blocks of a load (recompute from the first invalid block).  Off under
     # --kv-check with window groups: vLLM 0.33 then recomputes tokens whose window blocks it has
     # already dropped (docs/findings.md).
@@ -296,6 +299,8 @@ class Scheduler:
                     num_lookahead_tokens=0 if load_async else cfg.num_lookahead_tokens,
                     num_external_computed_tokens=ext,
                     delay_cache_blocks=load_async,
+                    full_sequence_must_fit=cfg.reserve_full_isl,
+                    has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
                 )
             )
             if out is None:

@@ -49,9 +49,19 @@ UNREACHABLE = {
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_reaches_its_actions(family):
-    stats = RunStats()
-    cls = make_machine(family, SpecTarget, "spec", "exact", stats)
-    run_machine(cls, profile_settings("dev", max_examples=400, database=None), seed=7, shrink_seconds=5)
-    counts = {k.split(":", 1)[1]: v for k, v in stats.events.items() if k.startswith(family + ":")}
-    missing = sorted(a for a in ACTIONS - UNREACHABLE.get(family, set()) if not counts.get(a))
-    assert not missing, f"{family} never reached {missing}; counts: {counts}"
+    """Runs of 400 examples (seeds 7, 8, ...) until every reachable action was seen, at most 5 runs:
+    rare actions (preemption needs several running requests to outgrow the pool) are reached within
+    a bounded budget rather than by one lucky seed."""
+    wanted = ACTIONS - UNREACHABLE.get(family, set())
+    counts: dict[str, int] = {}
+    for seed in range(7, 12):
+        stats = RunStats()
+        cls = make_machine(family, SpecTarget, "spec", "exact", stats)
+        run_machine(cls, profile_settings("dev", max_examples=400, database=None), seed=seed, shrink_seconds=5)
+        for k, v in stats.events.items():
+            if k.startswith(family + ":"):
+                counts[k.split(":", 1)[1]] = counts.get(k.split(":", 1)[1], 0) + v
+        if all(counts.get(a) for a in wanted):
+            return
+    missing = sorted(a for a in wanted if not counts.get(a))
+    pytest.fail(f"{family} never reached {missing} in 5 x 400 examples; counts: {counts}")
