@@ -132,8 +132,12 @@ class KVMachine(RuleBasedStateMachine):
     def _emit(self, op: O.Op) -> Any:
         assert self.ls is not None
         self.stats.steps += 1
+        return self._lockstep_call(self.ls.apply, op)
+
+    def _lockstep_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """An example the target cannot model is discarded; a finding is recorded and raised."""
         try:
-            return self.ls.apply(op)
+            return fn(*args)
         except Unsupported as e:
             self.stats.unsupported[str(e)[:80]] += 1
             assume(False)
@@ -180,14 +184,7 @@ class KVMachine(RuleBasedStateMachine):
         self.stats.target_version = str(getattr(target, "version", ""))
         self.stats.examples += 1
         self.ls = Lockstep(config, target, self.relation, self.step_timeout)
-        try:
-            self.ls.start()
-        except Unsupported as e:
-            self.stats.unsupported[str(e)[:80]] += 1
-            assume(False)
-        except FindingError as e:
-            self._record(e.finding)
-            raise
+        self._lockstep_call(self.ls.start)
         self.sched = Scheduler(sc, self._emit, self.choices, self._table)
         bs = config.scheduler_block_size
         n_prefixes = data.draw(st.integers(1, 3), label="num_prefixes")
