@@ -24,10 +24,7 @@ from harness.observation import Observation
 from harness.targets.base import Target, Unsupported
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig
-
-# Operations that only change the scheduler's Request object: the manager's state cannot change.
-REQUEST_ONLY_OPS = (O.SetSpecTokens, O.SetNumComputedTokens, O.SetStatus)
-REQUEST_OPS = (O.AddRequest, O.AppendOutputTokens, *REQUEST_ONLY_OPS)
+from spec.invariants import StepContext, check_invariants, check_step
 
 
 @dataclass
@@ -174,7 +171,7 @@ class Lockstep:
         """Apply ``op`` to both; return the outcome the scheduler acts on (equal on both sides)."""
         i = len(self.steps)
         self.op_counts[op.op] = self.op_counts.get(op.op, 0) + 1
-        if self.ref is None and isinstance(op, REQUEST_OPS):
+        if self.ref is None and isinstance(op, O.REQUEST_OPS):
             self.book.apply(op)
         ref_out = None
         if self.ref is not None:
@@ -208,7 +205,7 @@ class Lockstep:
             diff = outcome_difference(ref_out, tgt_out)
             if diff is not None:
                 self._fail("divergence", i, op, f"outcome differs: {diff}", ref_out, tgt_out, blocks=_outcome_blocks(ref_out, tgt_out))
-        if isinstance(op, REQUEST_ONLY_OPS):
+        if not O.changes_observation(op):
             return tgt_out
         before_ref, before_tgt = self.ref_obs, self.tgt_obs
         self.ref_obs = self.ref.observe() if self.ref is not None else None
@@ -252,10 +249,6 @@ class Lockstep:
             ) from None
 
     def _check_spec_invariants(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_ref: Any, before_tgt: Any) -> None:
-        try:
-            from spec.invariants import StepContext, check_invariants, check_step
-        except ImportError:
-            return
         assert self.ref is not None
         if self.ref.last_call is not None and self.ref.last_call[1] == "take_events":
             self.event_log.extend(self.ref.last_call[3])

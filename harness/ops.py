@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from spec.request import RequestStatus
+
 # --- request lifecycle (scheduler-side changes to the Request object) ------------------------
 
 
@@ -68,7 +70,7 @@ class SetNumComputedTokens:
 
 @dataclass(frozen=True, slots=True)
 class SetStatus:
-    """``request.status = status``: one of WAITING, RUNNING, PREEMPTED, WAITING_FOR_REMOTE_KVS."""
+    """``request.status = status``: a ``spec.request.RequestStatus`` value."""
 
     request_id: str
     status: str
@@ -121,15 +123,6 @@ class AllocateSlots:
             reserved_blocks=self.reserved_blocks,
             has_scheduled_reqs=self.has_scheduled_reqs,
         )
-
-    def take_computed_blocks(self, remembered: dict[str, Any]) -> Any:
-        """The lookup result a target remembered for this request, consumed once (as vLLM's
-        scheduler passes it to one ``allocate_slots``); None unless ``use_computed_blocks``."""
-        if not self.use_computed_blocks:
-            return None
-        if self.request_id not in remembered:
-            raise ValueError(f"allocate_slots({self.request_id!r}) uses computed blocks, but none were looked up")
-        return remembered.pop(self.request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +208,17 @@ OP_TYPES: dict[str, type] = {
     )
 }
 
-REQUEST_STATUSES = ("WAITING", "RUNNING", "PREEMPTED", "WAITING_FOR_REMOTE_KVS")
+REQUEST_STATUSES = tuple(s.value for s in RequestStatus)
+
+# Operations that change only the scheduler's Request object, never the manager's state.  The first
+# two also extend the request's block hashes (part of an observation); the others change nothing
+# a target reports.
+REQUEST_OPS = (AddRequest, AppendOutputTokens, SetSpecTokens, SetNumComputedTokens, SetStatus)
+
+
+def changes_observation(op: Op) -> bool:
+    """Can ``op`` change what ``Target.observe`` reports?  (Drafts, counts and statuses cannot.)"""
+    return not isinstance(op, (SetSpecTokens, SetNumComputedTokens, SetStatus))
 
 
 class TraceFormatError(ValueError):
@@ -261,7 +264,9 @@ def op_from_json(obj: Any, where: str = "operation") -> Op:
             elif name == "lora":
                 value = None if value is None else (str(value[0]), str(value[1]))
             elif name in ("prompt_token_ids", "token_ids", "block_ids"):
-                if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+                if not isinstance(value, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in value
+                ):
                     raise TypeError("expected a list of ints")
                 value = tuple(value)
             elif isinstance(f.default, bool):

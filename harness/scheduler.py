@@ -26,20 +26,15 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from harness import ops as O
+from harness.book import BookRequest, apply_request_op, new_book_request
+from spec.request import RequestStatus
 
-
-class Choices(Protocol):
-    """Where the world's choices come from (Hypothesis draws in the machine, fixed in tests)."""
-
-    def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int: ...
-
-    def boolean(self, label: str) -> bool: ...
-
-    def token(self, label: str) -> int: ...
+if TYPE_CHECKING:
+    from harness.workload import Choices
 
 
 @dataclass(frozen=True)
@@ -68,27 +63,15 @@ class SchedConfig:
 
 
 @dataclass
-class SReq:
-    request_id: str
-    prompt: tuple[int, ...]
-    skip_reading_prefix_cache: bool = False
-    output: list[int] = field(default_factory=list)
-    spec: tuple[int, ...] = ()
-    num_computed: int = 0
-    status: str = "WAITING"
+class SReq(BookRequest):
+    """The scheduler's record of a request: the book's fields, changed only through
+    ``harness.book.apply_request_op`` as the ops are emitted, plus the scheduler's own facts."""
+
     num_preemptions: int = 0
     recv: str | None = None  # None | "pending" | "done" | "failed"
     aborted: bool = False  # finished while its remote KV was still loading (free delayed)
     sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
     holds_blocks: bool = False  # the manager has allocated for it since its last free
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
-
-    @property
-    def num_tokens_with_spec(self) -> int:
-        return self.num_tokens + len(self.spec)
 
 
 class Scheduler:
@@ -114,29 +97,31 @@ class Scheduler:
     def add_request(self, op: O.AddRequest) -> None:
         """vLLM ``add_request``: the engine builds the Request (hashing its prompt) and queues it."""
         self.emit(op)
-        self.reqs[op.request_id] = SReq(op.request_id, op.prompt_token_ids, op.skip_reading_prefix_cache)
+        self.reqs[op.request_id] = SReq(**vars(new_book_request(op)))
         self.waiting.append(op.request_id)
         self.counts["add_request"] += 1
 
-    def _set_computed(self, r: SReq, n: int) -> None:
-        if r.num_computed != n:
-            r.num_computed = n
-            self.emit(O.SetNumComputedTokens(r.request_id, n))
+    def _change(self, r: SReq, op: O.Op) -> None:
+        """A change to the request object: the book's rule on the scheduler's record, then emitted."""
+        apply_request_op(r, op)
+        self.emit(op)
 
-    def _set_status(self, r: SReq, status: str) -> None:
+    def _set_computed(self, r: SReq, n: int) -> None:
+        if r.num_computed_tokens != n:
+            self._change(r, O.SetNumComputedTokens(r.request_id, n))
+
+    def _set_status(self, r: SReq, status: RequestStatus) -> None:
         if r.status != status:
-            r.status = status
-            self.emit(O.SetStatus(r.request_id, status))
+            self._change(r, O.SetStatus(r.request_id, status.value))
 
     def _set_spec(self, r: SReq, drafts: tuple[int, ...]) -> None:
-        if r.spec != drafts:
-            r.spec = drafts
-            self.emit(O.SetSpecTokens(r.request_id, drafts))
+        if r.spec_token_ids != drafts:
+            self._change(r, O.SetSpecTokens(r.request_id, drafts))
 
     def _free(self, r: SReq) -> None:
         """``_free_request``: with a connector, drop out-of-window blocks first (processed basis)."""
         if self.cfg.connector and r.holds_blocks:
-            self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed))
+            self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
         self.emit(O.Free(r.request_id))
         r.holds_blocks = False
 
@@ -145,7 +130,7 @@ class Scheduler:
         cleared, back to the front of ``waiting``."""
         self.emit(O.Free(r.request_id))
         r.holds_blocks = False
-        self._set_status(r, "PREEMPTED")
+        self._set_status(r, RequestStatus.PREEMPTED)
         self._set_computed(r, 0)
         self._set_spec(r, ())
         r.num_preemptions += 1
@@ -167,10 +152,10 @@ class Scheduler:
         for q in (self.waiting, self.kv_holding):
             if rid in q:
                 q.remove(rid)
-        if r.status == "WAITING_FOR_REMOTE_KVS" and r.recv == "pending":
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.recv == "pending":
             # The load was posted and has not finished: free only on arrival (vLLM delays it).
             if self.cfg.connector and r.holds_blocks:
-                self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed))
+                self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
             r.aborted = True
             self.loading_aborted[rid] = r
             self.counts["abort_while_loading"] += 1
@@ -214,7 +199,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.reqs[self.running[i]]
-            n = min(r.num_tokens_with_spec - r.num_computed, budget, cfg.max_model_len - r.num_computed - 1)
+            n = min(r.num_tokens_with_spec - r.num_computed_tokens, budget, cfg.max_model_len - r.num_computed_tokens - 1)
             if n <= 0:
                 i += 1
                 continue
@@ -231,21 +216,21 @@ class Scheduler:
             if out is None:
                 break
             scheduled[r.request_id] = n
-            prefill_scheduled |= r.num_computed < r.num_tokens
-            self.counts["decode" if r.num_computed >= r.num_tokens - 1 else "prefill_chunk"] += 1
+            prefill_scheduled |= r.num_computed_tokens < r.num_tokens
+            self.counts["decode" if r.num_computed_tokens >= r.num_tokens - 1 else "prefill_chunk"] += 1
             budget -= n
             i += 1
-            if r.spec:
-                k = n + r.num_computed - r.num_tokens
+            if r.spec_token_ids:
+                k = n + r.num_computed_tokens - r.num_tokens
                 if k > 0:
-                    self.scheduled_drafts[r.request_id] = r.spec[:k]
+                    self.scheduled_drafts[r.request_id] = r.spec_token_ids[:k]
                 self._set_spec(r, ())
         if not preempted:
             self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
         # _update_after_schedule: the computed count advances by what was scheduled.
         for rid, n in scheduled.items():
             r = self.reqs[rid]
-            self._set_computed(r, r.num_computed + n)
+            self._set_computed(r, r.num_computed_tokens + n)
         return scheduled, padded
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
@@ -257,13 +242,13 @@ class Scheduler:
             if not queue or len(self.running) >= cfg.max_num_seqs:
                 break
             r = self.reqs[queue[0]]
-            if r.status == "WAITING_FOR_REMOTE_KVS":
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 if r.recv == "pending":
                     (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
                     continue
                 self._update_waiting_for_remote_kv(r)
             ext, load_async, local, looked_up = 0, False, 0, False
-            if r.num_computed == 0:
+            if r.num_computed_tokens == 0:
                 hit = self.emit(O.GetComputedBlocks(r.request_id))
                 looked_up = True
                 local = hit["num_hit_tokens"]
@@ -272,7 +257,7 @@ class Scheduler:
                     ext, load_async = self._ask_connector(r, local)
                 num_computed = local + ext
             else:
-                num_computed = r.num_computed
+                num_computed = r.num_computed_tokens
             if load_async:
                 n = 0
             else:
@@ -310,7 +295,7 @@ class Scheduler:
                 break
             r.holds_blocks = True
             if load_async:
-                self._set_status(r, "WAITING_FOR_REMOTE_KVS")
+                self._set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
                 self._set_computed(r, num_computed)
                 r.recv = "pending"
                 queue.popleft()
@@ -321,7 +306,7 @@ class Scheduler:
             self.running.append(r.request_id)
             scheduled[r.request_id] = n
             budget -= n
-            self._set_status(r, "RUNNING")
+            self._set_status(r, RequestStatus.RUNNING)
             self._set_computed(r, num_computed)
             r.sync_ext_this_step = ext
             self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
@@ -350,17 +335,17 @@ class Scheduler:
     def _update_waiting_for_remote_kv(self, r: SReq) -> None:
         """0.33 ``_update_waiting_for_remote_kv`` + status promotion (``_handle_blocked_waiting_request``)."""
         if r.recv == "failed":
-            if r.num_computed:
-                self.emit(O.CacheBlocks(r.request_id, r.num_computed))
+            if r.num_computed_tokens:
+                self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens))
             else:
                 self.emit(O.Free(r.request_id))
                 r.holds_blocks = False
         else:
-            self.emit(O.CacheBlocks(r.request_id, r.num_computed))
-        if r.num_computed == r.num_tokens:
+            self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens))
+        if r.num_computed_tokens == r.num_tokens:
             self._set_computed(r, r.num_tokens - 1)
         r.recv = None
-        self._set_status(r, "PREEMPTED" if r.num_preemptions else "WAITING")
+        self._set_status(r, RequestStatus.PREEMPTED if r.num_preemptions else RequestStatus.WAITING)
         self.counts["promote_after_load"] += 1
 
     def update_from_output(self, scheduled: dict[str, int], padded: set[str]) -> None:
@@ -375,7 +360,7 @@ class Scheduler:
                 if self._sync_load_failed(r, scheduled[rid]):
                     continue
             r.sync_ext_this_step = 0
-            if r.num_computed < r.num_tokens:
+            if r.num_computed_tokens < r.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             drafts = self.scheduled_drafts.get(rid, ())
             if rid in padded:
@@ -384,17 +369,16 @@ class Scheduler:
             if drafts and rid not in padded:
                 accepted = self.ch.integer(0, len(drafts), "accepted_drafts")
             rejected = len(drafts) - accepted
-            if rejected and r.num_computed > 0:
-                self._set_computed(r, r.num_computed - rejected)
+            if rejected and r.num_computed_tokens > 0:
+                self._set_computed(r, r.num_computed_tokens - rejected)
                 self.counts["spec_rejection"] += 1
             new_tokens = list(drafts[:accepted]) + [self.ch.token("sampled")]
             room = cfg.max_model_len - r.num_tokens
             new_tokens = new_tokens[:room]
             if new_tokens:
-                r.output.extend(new_tokens)
-                self.emit(O.AppendOutputTokens(rid, tuple(new_tokens)))
+                self._change(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
                 if cfg.num_spec_tokens > 0:
-                    self.emit(O.CacheBlocks(rid, r.num_computed))
+                    self.emit(O.CacheBlocks(rid, r.num_computed_tokens))
                     self.counts["early_cache"] += 1
             if r.num_tokens >= cfg.max_model_len:
                 self.finish(rid)
@@ -415,7 +399,7 @@ class Scheduler:
         bs = self.cfg.block_size
         ext = r.sync_ext_this_step
         r.sync_ext_this_step = 0
-        before = r.num_computed - num_scheduled
+        before = r.num_computed_tokens - num_scheduled
         first_ext_block = (before - ext) // bs
         last = -(-before // bs)
         if first_ext_block >= last or self.table is None or not self.cfg.window_load_recovery:

@@ -24,24 +24,18 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from harness.observation import Observation, event_to_json
+from harness.book import BookRequest
+from harness.observation import Observation
 from harness.ops import (
-    AddRequest,
     AllocateSlots,
     AppendOutputTokens,
-    CacheBlocks,
-    EvictBlocks,
-    Free,
-    GetComputedBlocks,
     MMFeatureSpec,
     Op,
-    RemoveSkippedBlocks,
-    ResetPrefixCache,
     SetNumComputedTokens,
     SetSpecTokens,
     SetStatus,
-    TakeEvents,
 )
+from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported
 from spec.config import AttentionSpec, KVCacheConfig, Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
@@ -140,17 +134,15 @@ def _make_vllm_kv_cache_config(v: SimpleNamespace, config: KVCacheConfig) -> Any
 # --- the target ---------------------------------------------------------------------------------
 
 
-class VllmTarget:
+class VllmTarget(ManagerAdapter[Any]):
     """vLLM 0.33.0's ``KVCacheManager``, driven through the kvspec ``Target`` protocol."""
 
     name = "vllm"
 
     def __init__(self) -> None:
+        super().__init__()
         self._v = _vllm()
-        self._config: KVCacheConfig | None = None
         self._manager: Any = None
-        self._requests: dict[str, Any] = {}
-        self._computed: dict[str, Any] = {}  # request id -> KVCacheBlocks from GetComputedBlocks
         self._lora_ids: dict[str, int] = {}  # lora_name -> lora_int_id (not part of any hash)
         self._hash_by_low64: dict[int, bytes | None] = {}  # event int hash -> BlockHash (None: ambiguous)
         self._hash_memo: dict[str, tuple[bytes, ...]] = {}  # request id -> its observed block hashes
@@ -159,13 +151,12 @@ class VllmTarget:
     def version(self) -> str:
         return vllm_version()
 
-    # -- reset --
+    # -- build --
 
-    def reset(self, config: KVCacheConfig) -> None:
-        """Build a fresh vLLM ``KVCacheManager`` for ``config`` and seed ``NONE_HASH`` for its hash algo."""
+    def build(self, config: KVCacheConfig) -> None:
+        """A fresh vLLM ``KVCacheManager`` for ``config``, with ``NONE_HASH`` seeded for its hash algo."""
         if config.profile != Profile.V0_33:
             raise Unsupported(f"vLLM 0.33.0 follows profile {Profile.V0_33.value!r}, not {config.profile.value!r}")
-        config.validate()
         v = self._v
         self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
         # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
@@ -189,29 +180,9 @@ class VllmTarget:
             enable_kv_cache_events=config.enable_kv_cache_events,
             watermark=config.watermark,
         )
-        self._config = config
-        self._requests = {}
-        self._computed = {}
         self._lora_ids = {}
         self._hash_by_low64 = {}
         self._hash_memo = {}
-
-    # -- apply --
-
-    def apply(self, op: Op) -> Any:
-        """Perform ``op`` on the manager (or on a request) and return its JSON outcome."""
-        if self._manager is None:
-            raise ValueError("VllmTarget.apply called before reset(config)")
-        handler = _HANDLERS.get(type(op))
-        if handler is None:
-            raise Unsupported(f"operation {type(op).__name__} is not modelled by the vllm target")
-        return handler(self, op)
-
-    def _request(self, request_id: str) -> Any:
-        try:
-            return self._requests[request_id]
-        except KeyError:
-            raise ValueError(f"unknown request {request_id!r} (no add_request before it)") from None
 
     def _ensure_none_hash(self) -> None:
         """Put this target's ``NONE_HASH`` back if another target (or algo) replaced the global."""
@@ -228,88 +199,79 @@ class VllmTarget:
             known = table.get(low, h)
             table[low] = bytes(h) if known == h else None
 
-    def _add_request(self, op: AddRequest) -> None:
+    # -- requests --
+
+    def new_request(self, r: BookRequest) -> Any:
         """vLLM 0.33 ``Request(...)`` with the block hasher (hashes every full block of the prompt)."""
-        if op.request_id in self._requests:
-            raise ValueError(f"request {op.request_id!r} already exists")
         v = self._v
         self._ensure_none_hash()
         lora = None
-        if op.lora is not None:
-            lora_name, lora_path = op.lora  # passed through untouched: sha256 pickles these very objects
+        if r.lora is not None:
+            lora_name, lora_path = r.lora  # passed through untouched: sha256 pickles these very objects
             lora_int_id = self._lora_ids.setdefault(lora_name, len(self._lora_ids) + 1)
             lora = v.LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
         request = v.Request(
-            request_id=op.request_id,
-            prompt_token_ids=list(op.prompt_token_ids),
+            request_id=r.request_id,
+            prompt_token_ids=list(r.prompt_token_ids),
             # prompt_logprobs makes SamplingParams set skip_reading_prefix_cache (vLLM 0.33 __post_init__)
-            sampling_params=v.SamplingParams(
-                max_tokens=16, prompt_logprobs=1 if op.skip_reading_prefix_cache else None
-            ),
+            sampling_params=v.SamplingParams(max_tokens=16, prompt_logprobs=1 if r.skip_reading_prefix_cache else None),
             pooling_params=None,
-            mm_features=[_make_mm_feature(v, m) for m in op.mm_features] or None,
+            mm_features=[_make_mm_feature(v, m) for m in r.mm_features] or None,
             lora_request=lora,
-            cache_salt=op.cache_salt,
+            cache_salt=r.cache_salt,
             block_hasher=self._block_hasher,
         )
-        if request.skip_reading_prefix_cache != op.skip_reading_prefix_cache:
+        if request.skip_reading_prefix_cache != r.skip_reading_prefix_cache:
             raise AssertionError("vLLM did not derive skip_reading_prefix_cache from prompt_logprobs")
-        self._requests[op.request_id] = request
         self._remember_hashes(request.block_hashes)
+        return request
 
-    def _append_output_tokens(self, op: AppendOutputTokens) -> None:
-        request = self._request(op.request_id)
-        self._ensure_none_hash()
-        before = len(request.block_hashes)
-        request.append_output_token_ids(list(op.token_ids))
-        self._remember_hashes(request.block_hashes[before:])
+    def update_request(self, request: Any, r: BookRequest, op: Op) -> Any:
+        """The scheduler's own change to the vLLM ``Request``."""
+        if isinstance(op, AppendOutputTokens):
+            self._ensure_none_hash()
+            before = len(request.block_hashes)
+            request.append_output_token_ids(list(op.token_ids))
+            self._remember_hashes(request.block_hashes[before:])
+        elif isinstance(op, SetSpecTokens):
+            request.spec_token_ids = list(op.token_ids)
+        elif isinstance(op, SetNumComputedTokens):
+            request.num_computed_tokens = op.num_computed_tokens
+        elif isinstance(op, SetStatus):
+            request.status = self._v.RequestStatus[op.status]
+        return request
 
-    def _set_spec_tokens(self, op: SetSpecTokens) -> None:
-        self._request(op.request_id).spec_token_ids = list(op.token_ids)
+    # -- manager calls --
 
-    def _set_num_computed_tokens(self, op: SetNumComputedTokens) -> None:
-        self._request(op.request_id).num_computed_tokens = op.num_computed_tokens
+    def get_computed_blocks(self, request: Any) -> tuple[Any, list[list[int]], int]:
+        """vLLM 0.33 ``get_computed_blocks(request)``; the book keeps the blocks for this request's
+        next ``allocate_slots`` with ``use_computed_blocks`` (which consumes them)."""
+        blocks, num_hit_tokens, _shared_prefix_boundary = self._manager.get_computed_blocks(request)
+        return blocks, _block_ids(blocks), num_hit_tokens
 
-    def _set_status(self, op: SetStatus) -> None:
-        self._request(op.request_id).status = self._v.RequestStatus[op.status]
+    def allocate_slots(self, request: Any, op: AllocateSlots, new_computed_blocks: Any) -> list[list[int]] | None:
+        """vLLM 0.33 ``allocate_slots``; ``new_computed_blocks`` is this request's lookup when
+        ``use_computed_blocks``, else None (the scheduler's running-request call)."""
+        new_blocks = self._manager.allocate_slots(request, op.num_new_tokens, **op.manager_kwargs(new_computed_blocks))
+        return None if new_blocks is None else _block_ids(new_blocks)
 
-    def _get_computed_blocks(self, op: GetComputedBlocks) -> dict[str, Any]:
-        """vLLM 0.33 ``get_computed_blocks(request)``; the blocks are kept for this request's next
-        ``allocate_slots`` with ``use_computed_blocks`` (which consumes them)."""
-        blocks, num_hit_tokens, _shared_prefix_boundary = self._manager.get_computed_blocks(
-            self._request(op.request_id)
-        )
-        self._computed[op.request_id] = blocks
-        return {"block_ids": _block_ids(blocks), "num_hit_tokens": num_hit_tokens}
+    def free(self, request: Any, request_id: str) -> None:
+        self._manager.free(request)
 
-    def _allocate_slots(self, op: AllocateSlots) -> dict[str, Any] | None:
-        """vLLM 0.33 ``allocate_slots``; ``new_computed_blocks`` is what ``get_computed_blocks`` returned
-        for this request when ``use_computed_blocks``, else None (the scheduler's running-request call)."""
-        request = self._request(op.request_id)
-        computed = op.take_computed_blocks(self._computed)
-        new_blocks = self._manager.allocate_slots(request, op.num_new_tokens, **op.manager_kwargs(computed))
-        if new_blocks is None:
-            return None
-        return {"block_ids": _block_ids(new_blocks)}
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self._manager.cache_blocks(request, num_computed_tokens)
 
-    def _free(self, op: Free) -> None:
-        self._manager.free(self._request(op.request_id))
-        self._computed.pop(op.request_id, None)
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        self._manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
-    def _cache_blocks(self, op: CacheBlocks) -> None:
-        self._manager.cache_blocks(self._request(op.request_id), op.num_computed_tokens)
+    def evict_blocks(self, block_ids: tuple[int, ...]) -> None:
+        self._manager.evict_blocks(set(block_ids))
 
-    def _remove_skipped_blocks(self, op: RemoveSkippedBlocks) -> None:
-        self._manager.remove_skipped_blocks(op.request_id, op.num_computed_tokens)
-
-    def _evict_blocks(self, op: EvictBlocks) -> None:
-        self._manager.evict_blocks(set(op.block_ids))
-
-    def _reset_prefix_cache(self, op: ResetPrefixCache) -> bool:
+    def reset_prefix_cache(self) -> bool:
         return bool(self._manager.reset_prefix_cache())
 
-    def _take_events(self, op: TakeEvents) -> list[dict[str, Any]]:
-        return [event_to_json(self._to_spec_event(e)) for e in self._manager.take_events()]
+    def take_events(self) -> list[Event]:
+        return [self._to_spec_event(e) for e in self._manager.take_events()]
 
     # -- events --
 
@@ -362,10 +324,12 @@ class VllmTarget:
             free_queue=_free_queue_ids(pool.free_block_queue),
             block_key=tuple(None if b.block_hash is None else bytes(b.block_hash) for b in pool.blocks),
             cached=_cached_map(pool.cached_block_hash_to_block),
-            request_block_hashes={rid: self._observed_hashes(rid, r) for rid, r in self._requests.items()},
+            request_block_hashes={rid: self._observed_hashes(rid, r) for rid, r in self.book.native.items()},
             block_key_tokens=tuple(None if b.block_hash is None else b.block_hash_num_tokens for b in pool.blocks),
             secondary_keys={
-                bid: frozenset(bytes(k) for k in keys) for bid, keys in pool.cached_block_hashes_by_block.items() if keys
+                bid: frozenset(bytes(k) for k in keys)
+                for bid, keys in pool.cached_block_hashes_by_block.items()
+                if keys
             },
         )
 
@@ -419,21 +383,5 @@ def _cached_map(cache_map: Any) -> dict[bytes, tuple[int, ...]]:
             out[bytes(key)] = (held.block_id,)
     return out
 
-
-_HANDLERS = {
-    AddRequest: VllmTarget._add_request,
-    AppendOutputTokens: VllmTarget._append_output_tokens,
-    SetSpecTokens: VllmTarget._set_spec_tokens,
-    SetNumComputedTokens: VllmTarget._set_num_computed_tokens,
-    SetStatus: VllmTarget._set_status,
-    GetComputedBlocks: VllmTarget._get_computed_blocks,
-    AllocateSlots: VllmTarget._allocate_slots,
-    Free: VllmTarget._free,
-    CacheBlocks: VllmTarget._cache_blocks,
-    RemoveSkippedBlocks: VllmTarget._remove_skipped_blocks,
-    EvictBlocks: VllmTarget._evict_blocks,
-    ResetPrefixCache: VllmTarget._reset_prefix_cache,
-    TakeEvents: VllmTarget._take_events,
-}
 
 __all__ = ["SUPPORTED_VERSION", "VllmTarget", "VllmUnavailable", "vllm_version"]
