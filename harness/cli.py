@@ -83,7 +83,8 @@ def fuzz(args: argparse.Namespace) -> int:
     from harness.machine import RunStats, make_machine, run_machine
     from harness.profiles import profile_settings
     from harness.report import write_report
-    from harness.targets import TargetLoadError, target_factory
+    from harness.mutants import resolve_target
+    from harness.targets import TargetLoadError
     from harness.trace import Trace
 
     try:
@@ -99,7 +100,7 @@ def fuzz(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        factory = target_factory(args.target)
+        factory = resolve_target(args.target)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
 
@@ -185,7 +186,8 @@ def _print_coverage(stats: Any, families: list[str], verbose: bool) -> None:
 def replay_cmd(args: argparse.Namespace) -> int:
     from harness.ops import TraceFormatError
     from harness.replay import replay
-    from harness.targets import TargetLoadError, target_factory
+    from harness.mutants import resolve_target
+    from harness.targets import TargetLoadError
     from harness.trace import find_traces, read_trace
 
     try:
@@ -199,7 +201,7 @@ def replay_cmd(args: argparse.Namespace) -> int:
         name = args.target or trace.target_name
         if name not in factories:
             try:
-                factories[name] = target_factory(name)
+                factories[name] = resolve_target(name)
             except TargetLoadError as e:
                 raise UsageError(str(e)) from None
         result = replay(trace, factories[name], args.step_timeout)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Each mutant wraps one spec function while the mutant target runs (the reference 
 process, is untouched): the wrapper is installed in every ``spec.*`` module that holds the
 original for the duration of one ``apply`` and removed afterwards.  The harness must report every
 mutant within the ``ci`` profile (``tests/mutants``).  Each one is a mistake real managers made
-(see /work/shared/reference/vllm-kv-semantics.md section 10).
+(docs/semantics.md §10).
 """
 
 from __future__ import annotations
@@ -133,3 +133,26 @@ class MutantTarget(SpecTarget):
 
 def make_mutant(name: str) -> MutantTarget:
     return MutantTarget(name)
+
+
+def resolve_target(name: str) -> Callable[[], Any]:
+    """``--target`` as the CLI reads it: ``mutant:NAME`` names a deliberate bug of this catalogue
+    (a spec mutant above, or an ``impl`` allocator mutant of ``harness.mutants_impl``); any other
+    name goes to the production registry ``harness.targets``."""
+    from harness.targets import TargetLoadError, check_target, target_factory
+
+    if not name.startswith("mutant:"):
+        return target_factory(name)
+    from harness import mutants_impl
+
+    mname = name.split(":", 1)[1]
+    factory: Callable[[], Any]
+    if mname in MUTANTS:
+        factory = lambda: make_mutant(mname)  # noqa: E731
+    elif mname in mutants_impl.MUTANTS:
+        factory = lambda: mutants_impl.make_mutant_target(mname)  # noqa: E731
+    else:
+        known = ", ".join(sorted([*MUTANTS, *mutants_impl.MUTANTS]))
+        raise TargetLoadError(f"unknown mutant {mname!r} (known: {known})")
+    check_target(factory, name)
+    return factory

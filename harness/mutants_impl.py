@@ -89,7 +89,7 @@ class MutantImplTarget(ImplTarget):
             raise ValueError(f"unknown impl mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
         super().__init__()
         self.mutant = mutant
-        self.name = f"impl-mutant:{mutant}"
+        self.name = f"mutant:{mutant}"
 
     @property
     def version(self) -> str:

@@ -4,10 +4,11 @@
 - ``spec``: the model itself (``harness.targets.spec``);
 - ``vllm``: the installed vLLM 0.33.0 ``KVCacheManager`` (imported lazily, it is slow and optional);
 - ``impl``: kvspec's own fast allocator (lazily);
-- ``mutant:NAME``: the spec with one deliberate bug (``harness.mutants``);
 - ``package.module:factory``: a user's adapter; ``factory()`` must return an object satisfying the
   protocol (see docs/targets.md).
 Every failure raises ``TargetLoadError`` with a message saying why (the CLI exits 2 on it).
+This registry holds production targets only: the deliberate bugs (``mutant:NAME``) live in
+``harness.mutants`` and are resolved by the CLI (``harness.mutants.resolve_target``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 from harness.targets.base import Target, Unsupported
 
-__all__ = ["Target", "TargetLoadError", "Unsupported", "load_target", "target_factory"]
+__all__ = ["Target", "TargetLoadError", "Unsupported", "check_target", "load_target", "target_factory"]
 
 BUILTIN = ("spec", "vllm", "impl")
 
@@ -72,19 +73,17 @@ def target_factory(name: str) -> Callable[[], Target]:
     """Resolve ``name`` to a zero-argument factory of fresh targets (checked once here)."""
     if name in BUILTIN:
         factory = _builtin(name)
-    elif name.startswith("mutant:"):
-        from harness.mutants import MUTANTS, make_mutant
-
-        mname = name.split(":", 1)[1]
-        if mname not in MUTANTS:
-            raise TargetLoadError(f"unknown mutant {mname!r} (known: {', '.join(sorted(MUTANTS))})")
-        return lambda: make_mutant(mname)
     elif ":" in name:
         factory = _user_factory(name)
     else:
-        raise TargetLoadError(f"unknown target {name!r}: use spec, vllm, impl, mutant:NAME or package.module:factory")
-    _check_protocol(_call_factory(factory, name), f"target {name!r}")
+        raise TargetLoadError(f"unknown target {name!r}: use spec, vllm, impl or package.module:factory")
+    check_target(factory, name)
     return factory
+
+
+def check_target(factory: Callable[[], Target], name: str) -> None:
+    """Build one target with ``factory`` and check it has the protocol's parts (raises ``TargetLoadError``)."""
+    _check_protocol(_call_factory(factory, name), f"target {name!r}")
 
 
 def _user_factory(name: str) -> Callable[[], Target]:

@@ -38,14 +38,34 @@ def fake_module(monkeypatch):
         ("kvspec_fake_targets:value", "is not callable"),
         ("kvspec_fake_targets:raises", "its factory raised RuntimeError: no GPU here"),
         ("kvspec_fake_targets:not_a_target", "lacks name, version, reset, apply, observe"),
-        ("mutant:nope", "unknown mutant 'nope'"),
         ("vllmish", "unknown target 'vllmish'"),
+        ("mutant:free_order_appended", "module 'mutant' not found"),
     ],
 )
 def test_bad_target_says_why(fake_module, name, needle):
+    """The production registry knows no deliberate bugs: ``mutant:NAME`` is not a target there."""
     with pytest.raises(TargetLoadError) as e:
         load_target(name)
     assert needle in str(e.value)
+
+
+def test_cli_resolves_mutants_from_their_catalogue(capsys):
+    from harness.mutants import resolve_target
+
+    assert resolve_target("mutant:free_order_appended")().name == "mutant:free_order_appended"
+    assert resolve_target("mutant:window_off_by_one")().name == "mutant:window_off_by_one"  # an impl mutant
+    with pytest.raises(TargetLoadError, match="unknown mutant 'nope'"):
+        resolve_target("mutant:nope")
+    assert main(["fuzz", "--target", "mutant:nope", "--seconds", "1"]) == 2
+    assert "unknown mutant 'nope'" in capsys.readouterr().err
+
+
+def test_production_registry_does_not_import_the_mutants():
+    import subprocess
+
+    code = "import sys, harness.targets as t; t.load_target('spec'); print('harness.mutants' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_good_user_factory(fake_module):
@@ -60,12 +80,5 @@ def test_cli_exits_2_on_unloadable_target(fake_module, capsys):
 def test_cli_usage_errors_exit_2(capsys, tmp_path):
     assert main(["fuzz", "--family", "fullish", "--seconds", "1"]) == 2
     assert "unknown family fullish" in capsys.readouterr().err
-    from pathlib import Path
-
-    import harness
-
-    if not (Path(harness.__file__).parent / "oracle.py").exists():
-        assert main(["fuzz", "--kv-check", "--seconds", "1"]) == 2
-        assert "not available yet" in capsys.readouterr().err
     assert main(["fuzz", "--relation", "roughly", "--seconds", "1"]) == 2
     assert main(["frobnicate"]) == 2
