@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from harness import ops as O
+from spec.request import RequestStatus
 
 N = TypeVar("N")
 
@@ -35,7 +36,7 @@ class BookRequest:
     output_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
-    status: str = O.RequestStatus.WAITING.value
+    status: str = RequestStatus.WAITING.value
 
     @property
     def num_tokens(self) -> int:
@@ -104,7 +105,8 @@ class RequestBook(Generic[N]):
                 raise ValueError(f"request {op.request_id!r} added twice")
             r = self.requests[op.request_id] = new_book_request(op)
             return r
-        r = self.get(op.request_id)  # type: ignore[attr-defined]
+        assert isinstance(op, O.REQUEST_OPS), f"{op.op} is not a request operation"
+        r = self.get(op.request_id)
         apply_request_op(r, op)
         return r
 
