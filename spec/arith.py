@@ -116,7 +116,8 @@ def get_num_blocks_to_remove(num_skipped_tokens: int, block_size: int, table_len
 
 
 class SlotTargets(NamedTuple):
-    """The token counts of the seed's diagram ``| comp | new_comp | ext_comp | new | lookahead |``."""
+    """The token counts of the layout ``| comp | new_comp | ext_comp | new | lookahead |``
+    (docs/semantics.md §3.1)."""
 
     num_local_computed_tokens: int  # comp + new_comp
     num_total_computed_unclamped: int  # comp + new_comp + ext_comp (passed to the predictor)
@@ -133,7 +134,8 @@ def compute_slot_targets(
     num_lookahead_tokens: int,
     max_model_len: int,
 ) -> SlotTargets:
-    """vLLM 0.33 ``KVCacheManager.allocate_slots``, steps 3 and 7 (the two ``max_model_len`` clamps)."""
+    """vLLM 0.33 ``KVCacheManager.allocate_slots``: the derived counts, with the two ``max_model_len``
+    clamps (docs/semantics.md §3.1, step 2)."""
     local = num_computed_tokens + num_new_computed_tokens
     unclamped = local + num_external_computed_tokens
     total = minimum(unclamped, max_model_len)
@@ -143,8 +145,9 @@ def compute_slot_targets(
 
 
 def get_num_tokens_to_cache(total_computed_tokens: int, num_new_tokens: int, num_tokens: int) -> int:
-    """vLLM 0.33 ``allocate_slots`` step 14: cap at ``request.num_tokens`` so that unverified
-    drafts (never in ``all_token_ids``) and lookahead slots are never cached."""
+    """vLLM 0.33 ``allocate_slots``, last step (docs/semantics.md §3.1 step 11, §10.9): cap at
+    ``request.num_tokens`` so that unverified drafts (never in ``all_token_ids``) and lookahead
+    slots are never cached."""
     return minimum(total_computed_tokens + num_new_tokens, num_tokens)
 
 

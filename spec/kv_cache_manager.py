@@ -4,8 +4,8 @@ Models vLLM 0.33.0 ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``) for
 Each operation takes the state and returns a new state with its outcome; running out of blocks is
 the outcome ``None`` (as in vLLM), a caller's misuse is an ``AssertionError`` / ``ValueError``.
 
-The heart is ``allocate_slots``, whose token layout (from the vLLM docstring, drawn in the seed
-article) is::
+The heart is ``allocate_slots``, whose token layout (from the vLLM docstring; docs/semantics.md
+§3.1) is::
 
     | comp | new_comp | ext_comp | new (incl. unverified drafts) | lookahead |
     |<------ computed --------->|<------------ to compute ------------------->|
@@ -23,7 +23,17 @@ from dataclasses import dataclass
 from spec import arith, block_pool, coordinator
 from spec.config import KVCacheConfig
 from spec.events import Event
-from spec.request import Request, RequestStatus
+from spec.request import Request
+from spec.slot_allocation import (
+    adopt_computed_blocks,
+    get_num_blocks_for_full_sequence,
+    get_num_blocks_to_allocate,
+    get_num_processed_tokens,
+    get_watermark_blocks,
+    has_free_blocks,
+    is_empty_allocation,
+    verify_non_negative_counts,
+)
 from spec.state import KVCacheManagerState, init_state, with_pool
 from spec.types import BlockId, RequestId
 
@@ -77,6 +87,16 @@ def get_computed_blocks(state: KVCacheManagerState, request: Request) -> Compute
     return ComputedBlocks(blocks, hit, hit + uncached if uncached else 0)
 
 
+def get_hit_blocks(config: KVCacheConfig, new_computed_blocks: ComputedBlocks | None) -> GroupBlocks:
+    """The prefix hits ``allocate_slots`` is asked to adopt, one tuple per group (``()`` when no
+    lookup result is passed)."""
+    if new_computed_blocks is None:
+        return ()
+    if not new_computed_blocks.is_empty:
+        assert len(new_computed_blocks.blocks) == len(config.groups), "new_computed_blocks must hold one list per group"
+    return new_computed_blocks.blocks
+
+
 def allocate_slots(
     state: KVCacheManagerState,
     request: Request,
@@ -96,29 +116,24 @@ def allocate_slots(
     All or nothing: the block count is predicted and checked before anything is touched or taken;
     the only change that survives a None is step 5, freeing blocks that fell out of the window.
     Returns only the newly allocated blocks (hits are not returned); empty tuples mean success
-    with nothing new needed.
+    with nothing new needed.  The steps are those of docs/semantics.md §3.1.
     """
     # Preconditions: a caller bug, not an allocation outcome.
-    for name, value in (
-        ("num_new_tokens", num_new_tokens),
-        ("num_new_computed_tokens", num_new_computed_tokens),
-        ("num_lookahead_tokens", num_lookahead_tokens),
-        ("num_external_computed_tokens", num_external_computed_tokens),
-        ("num_encoder_tokens", num_encoder_tokens),
-        ("reserved_blocks", reserved_blocks),
-    ):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"allocate_slots: {name} must be a non-negative int, got {value!r}")
+    verify_non_negative_counts(
+        "allocate_slots",
+        {
+            "num_new_tokens": num_new_tokens,
+            "num_new_computed_tokens": num_new_computed_tokens,
+            "num_lookahead_tokens": num_lookahead_tokens,
+            "num_external_computed_tokens": num_external_computed_tokens,
+            "num_encoder_tokens": num_encoder_tokens,
+            "reserved_blocks": reserved_blocks,
+        },
+    )
     # 1. Nothing to allocate and nothing to adopt (vLLM 0.33 raises).
-    if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
+    if is_empty_allocation(num_new_tokens, num_new_computed_tokens, num_external_computed_tokens):
         raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
-    config = state.config
-    rid = request.request_id
-    hits: GroupBlocks = new_computed_blocks.blocks if new_computed_blocks is not None else ()
-    has_hits = new_computed_blocks is not None and not new_computed_blocks.is_empty
-    if has_hits:
-        assert len(hits) == len(config.groups), "new_computed_blocks must hold one list per group"
-
+    hits = get_hit_blocks(state.config, new_computed_blocks)
     # 2. Token counts of the layout, with the two max_model_len clamps.
     t = arith.compute_slot_targets(
         request.num_computed_tokens,
@@ -126,52 +141,35 @@ def allocate_slots(
         num_external_computed_tokens,
         num_new_tokens,
         num_lookahead_tokens,
-        config.max_model_len,
+        state.config.max_model_len,
     )
     # 3. The watermark only holds back admissions, and only when someone else is scheduled.
-    watermark = 0
-    if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-        watermark = config.watermark_blocks
-
+    watermark = get_watermark_blocks(state.config, request, has_scheduled_reqs)
     # 4. Full-sequence gate: refuse early, with no change at all, if the whole request cannot fit.
     if full_sequence_must_fit:
-        full_tokens = min(request.num_tokens, config.max_model_len)
-        need_full = coordinator.get_num_blocks_to_allocate(
-            state, rid, full_tokens, hits, num_encoder_tokens, t.total_computed_tokens, apply_admission_cap=True
-        )
-        if need_full + watermark > block_pool.get_num_free_blocks(state.pool):
+        need_full = get_num_blocks_for_full_sequence(state, request, hits, num_encoder_tokens, t)
+        if not has_free_blocks(state, need_full + watermark):
             return state, None
-
     # 5. Free blocks out of the window before counting (fewer evictions); survives a None.
-    processed = max(0, t.total_computed_tokens - request.num_in_flight_tokens)
-    state = coordinator.remove_skipped_blocks(state, rid, processed)
-
-    # 6. Predict, 7. check capacity.
-    need = coordinator.get_num_blocks_to_allocate(
-        state, rid, t.num_tokens_need_slot, hits, num_encoder_tokens, t.num_total_computed_unclamped
-    )
-    available = block_pool.get_num_free_blocks(state.pool) - reserved_blocks
-    if need + watermark > available:
+    processed = get_num_processed_tokens(request, t)
+    state = coordinator.remove_skipped_blocks(state, request.request_id, processed)
+    # 6. Predict the blocks this call takes from the free queue.
+    need = get_num_blocks_to_allocate(state, request, hits, num_encoder_tokens, t)
+    # 7. Check capacity: nothing has been touched or taken yet.
+    if not has_free_blocks(state, need + watermark, reserved_blocks):
         return state, None
-
-    # 8. Adopt hits (touch them first), then external blocks, then 9. new blocks.
-    if has_hits or num_external_computed_tokens > 0:
-        state = coordinator.allocate_new_computed_blocks(
-            state,
-            rid,
-            hits if has_hits else tuple(() for _ in config.groups),
-            t.num_local_computed_tokens,
-            num_external_computed_tokens,
-        )
-    state, new_blocks = coordinator.allocate_new_blocks(state, rid, t.num_tokens_need_slot, num_encoder_tokens)
-
+    # 8. Adopt hits (touch them first), then allocate blocks for external tokens.
+    state = adopt_computed_blocks(state, request, hits, num_external_computed_tokens, t)
+    # 9. Allocate new blocks up to the slot target.
+    state, new_blocks = coordinator.allocate_new_blocks(
+        state, request.request_id, t.num_tokens_need_slot, num_encoder_tokens
+    )
     # 10. P/D: the KV is still in flight; the scheduler caches on arrival.
     if delay_cache_blocks:
         return state, new_blocks
     # 11. Cache up to the verified tokens: drafts and lookahead slots are never published.
     num_to_cache = arith.get_num_tokens_to_cache(t.total_computed_tokens, num_new_tokens, request.num_tokens)
-    state = coordinator.cache_blocks(state, request, num_to_cache)
-    return state, new_blocks
+    return coordinator.cache_blocks(state, request, num_to_cache), new_blocks
 
 
 def free(state: KVCacheManagerState, request_id: str) -> KVCacheManagerState:

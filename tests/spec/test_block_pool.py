@@ -1,4 +1,4 @@
-"""BlockPool operations, checked against the rules and vectors of the semantics note (§3.3)."""
+"""BlockPool operations, checked against the rules and vectors of docs/semantics.md §3.3."""
 
 import pytest
 

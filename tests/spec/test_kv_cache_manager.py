@@ -1,5 +1,5 @@
-"""KVCacheManager operations end to end, from vLLM 0.33's test vectors (semantics note §3, §5-§8)
-and the seed article's ``comp | new_comp | ext_comp | new | lookahead`` diagram."""
+"""KVCacheManager operations end to end, from vLLM 0.33's test vectors (docs/semantics.md §3, §5-§8)
+and the ``comp | new_comp | ext_comp | new | lookahead`` layout of ``allocate_slots`` (§3.1)."""
 
 import pytest
 from spec_helpers import admit, config
@@ -76,7 +76,7 @@ def test_evict_vectors(profile, after_free, req2_new):
 
 
 def test_block_aligned_prompt_recomputes_its_last_block():
-    """The cap is num_tokens - 1: a 48-token prompt hits 2 blocks of 16, a 49-token one 3 (§10.1)."""
+    """The cap is num_tokens - 1: a 48-token prompt hits 2 blocks of 16, a 49-token one 3 (docs/semantics.md §10.1)."""
     cfg = config([full_attention(16)], 11)
     s = m.init_kv_cache_manager(cfg)
     s, _, _, _ = admit(s, make_request("a", list(range(49)), cfg))
@@ -183,7 +183,7 @@ def test_decode_fills_partial_block_then_allocates_and_hashes():
 
 
 def test_seed_diagram_comp_newcomp_extcomp_new_lookahead():
-    """The seed article's layout with numbers, bs 4:
+    """The ``allocate_slots`` layout (docs/semantics.md §3.1) with numbers, bs 4:
     | comp 0 | new_comp 8 (2 hit blocks) | ext_comp 12 (connector) | new 10 | lookahead 3 |
     need_slot = 33 -> 9 blocks; caching stops at num_tokens = 30 -> 7 full blocks."""
     cfg = config([full_attention(4)], 16, max_model_len=64)
@@ -247,7 +247,8 @@ def test_delayed_caching_then_cache_blocks_on_arrival():
 
 
 def test_sliding_window_frees_out_of_window_blocks_even_when_allocation_fails():
-    """Step 5 runs before the capacity check and survives a None (§10.8)."""
+    """Step 5 (releasing out-of-window blocks) runs before the capacity check and survives a None
+    (docs/semantics.md §3.1, §10.8)."""
     cfg = config([sliding_window(4, 4)], 5)
     s = m.init_kv_cache_manager(cfg)
     s, r, _, new = admit(s, make_request("r", list(range(16)), cfg), num_new_tokens=16)

@@ -1,4 +1,4 @@
-"""Single-type manager rules: vLLM 0.33's window/chunk vectors (semantics note §5, vLLM's
+"""Single-type manager rules: vLLM 0.33's window/chunk vectors (docs/semantics.md §5, vLLM's
 test_single_type_kv_cache_manager.py)."""
 
 import pytest
@@ -67,7 +67,7 @@ def test_chunked_local_hit_vectors(pattern, tail, expect_blocks):
 
 
 def test_chunked_local_hit_can_be_all_nulls():
-    """C 8, bs 4, max_length 16: four nulls, a 16-token hit, nothing touched (semantics note §5)."""
+    """C 8, bs 4, max_length 16: four nulls, a 16-token hit, nothing touched (docs/semantics.md §5)."""
     blocks, hit = managers.find_longest_cache_hit_chunked_local(pattern_lookup([]), 1, 16, 4, 4, 8)
     assert blocks[0] == (0, 0, 0, 0) and hit == 16
 
@@ -137,7 +137,7 @@ def test_predictor_running_fast_path_never_negative():
 
 
 def test_reachable_mask_caches_only_window_tail_of_each_segment():
-    """Hybrid FA bs 32 + SWA bs 8, W 8: only SWA blocks #3 and #7 of a 64-token prompt (§5)."""
+    """Hybrid FA bs 32 + SWA bs 8, W 8: only SWA blocks #3 and #7 of a 64-token prompt (docs/semantics.md §5)."""
     mask = managers.get_reachable_block_mask(sliding_window(8, 8), 0, 8, 32)
     assert [i for i, m in enumerate(mask) if m] == [3, 7]
     assert managers.get_reachable_block_mask(sliding_window(16, 32), 0, 4, 16) is None

@@ -1,0 +1,69 @@
+"""Every invariant of the manager as a named predicate, in one registry.
+
+Each predicate cites its rule in docs/semantics.md ("§9.n" for the numbered invariants, "P1".."P7"
+for the operation postconditions, both in §9) and returns ``None`` when it holds or a message
+naming the witness when it does not.  Two kinds:
+
+- **state** predicates (``state_invariants``) look at one state (plus the requests, whose hashes
+  the tables must match);
+- **step** predicates (``step_invariants``) look at one operation: the state before and after, the
+  call and its outcome.
+
+``check_invariants`` and ``check_step`` run every predicate of a kind and return the violations,
+each carrying the predicate's name, so the harness can stop with ``"§9.5 ref_count_equals_references:
+block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``INVARIANTS``, in ``registry``) is
+filled by importing the two predicate modules below, state first: that order is the report order.
+``docs/invariants.md`` is the registry as a table (``render_invariant_table``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from spec.events import Event
+from spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
+from spec.invariants.registry import (
+    INVARIANTS,
+    Invariant,
+    InvariantKind,
+    StateContext,
+    StepContext,
+    Violation,
+    invariant,
+    run_invariants,
+)
+from spec.invariants.table import render_invariant_table
+from spec.request import Request
+from spec.state import KVCacheManagerState
+from spec.types import RequestId
+
+__all__ = [
+    "INVARIANTS",
+    "Invariant",
+    "InvariantKind",
+    "StateContext",
+    "StepContext",
+    "Violation",
+    "check_invariants",
+    "check_step",
+    "invariant",
+    "render_invariant_table",
+]
+
+
+def check_invariants(
+    state: KVCacheManagerState,
+    requests: Mapping[RequestId, Request],
+    *,
+    evict_called: bool = False,
+    event_log: Sequence[Event] | None = None,
+    names: Sequence[str] | None = None,
+) -> list[Violation]:
+    """Run every state invariant (or the named ones); return each violation with its name."""
+    ctx = StateContext(state, requests, evict_called, event_log)
+    return run_invariants(ctx, "state", names)
+
+
+def check_step(ctx: StepContext, names: Sequence[str] | None = None) -> list[Violation]:
+    """Run every step postcondition (or the named ones) on one operation."""
+    return run_invariants(ctx, "step", names)

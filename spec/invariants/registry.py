@@ -1,0 +1,127 @@
+"""The one registry of invariants, and the contexts its predicates read.
+
+A predicate is registered with ``@invariant(rule, kind)``: ``rule`` names what it checks in
+``docs/semantics.md`` ("§9.n" for the numbered invariants, "P1".."P7" for the operation
+postconditions), ``kind`` says what it reads.  Registration order is the order in which
+``spec.invariants`` reports violations.  The predicates live in ``spec.invariants.state_invariants``
+and ``spec.invariants.step_invariants``; importing ``spec.invariants`` registers both, in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from spec.config import KVCacheConfig
+from spec.events import Event
+from spec.request import Request
+from spec.state import KVCacheManagerState
+from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
+
+InvariantKind = Literal["state", "step"]
+
+# --- contexts ------------------------------------------------------------------------------------
+
+
+@dataclass
+class StateContext:
+    """One state to check.  ``evict_called``: ``evict_blocks`` ran at some point (it legitimately
+    strips hashes from blocks still in use, which relaxes docs/semantics.md §9.8, §9.10 and §9.16).
+    ``event_log``: every event taken so far (``None`` when the caller does not track them), for
+    §9.20."""
+
+    state: KVCacheManagerState
+    requests: Mapping[RequestId, Request]
+    evict_called: bool = False
+    event_log: Sequence[Event] | None = None
+
+    @property
+    def config(self) -> KVCacheConfig:
+        return self.state.config
+
+    @cached_property
+    def references(self) -> dict[BlockId, list[tuple[GroupId, RequestId, int]]]:
+        """Non-null block -> every table slot (group, request, index) that holds it."""
+        refs: dict[BlockId, list[tuple[GroupId, RequestId, int]]] = {}
+        for gid, group in enumerate(self.state.groups):
+            for rid, table in group.req_to_blocks.items():
+                for i, b in enumerate(table):
+                    if b != NULL_BLOCK_ID:
+                        refs.setdefault(b, []).append((GroupId(gid), rid, i))
+        return refs
+
+    @cached_property
+    def free_set(self) -> set[BlockId]:
+        return set(self.state.pool.free_queue)
+
+    def view_hashes(self, rid: RequestId, gid: int) -> Sequence[BlockHash]:
+        """``H_g(r)``: the request's hashes seen at group g's block size (last fine hash)."""
+        hashes = self.requests[rid].block_hashes
+        scale = self.config.groups[gid].block_size // self.config.hash_block_size
+        return hashes if scale == 1 else hashes[scale - 1 :: scale]
+
+
+@dataclass
+class StepContext:
+    """One manager operation: ``op`` is the operation's name in ``spec.kv_cache_manager``
+    (``get_computed_blocks``, ``allocate_slots``, ``free``, ``cache_blocks``,
+    ``remove_skipped_blocks``, ``evict_blocks``, ``reset_prefix_cache``, ``take_events``), ``args``
+    its keyword arguments, ``request`` the request passed (if any)."""
+
+    before: KVCacheManagerState
+    after: KVCacheManagerState
+    op: str
+    args: Mapping[str, Any]
+    outcome: Any
+    request: Request | None = None
+    evict_called: bool = False
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} {self.name}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    rule: str
+    kind: InvariantKind
+    check: Callable[[Any], str | None] = field(repr=False)
+
+    @property
+    def doc(self) -> str:
+        return (self.check.__doc__ or "").strip()
+
+
+INVARIANTS: dict[str, Invariant] = {}
+
+
+def invariant(
+    rule: str, kind: InvariantKind = "state"
+) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        assert fn.__name__ not in INVARIANTS, f"duplicate invariant {fn.__name__}"
+        INVARIANTS[fn.__name__] = Invariant(fn.__name__, rule, kind, fn)
+        return fn
+
+    return register
+
+
+def run_invariants(ctx: Any, kind: InvariantKind, names: Sequence[str] | None = None) -> list[Violation]:
+    """Run every registered predicate of ``kind`` (or the named ones), in registration order."""
+    out = []
+    for inv in INVARIANTS.values():
+        if inv.kind != kind or (names is not None and inv.name not in names):
+            continue
+        message = inv.check(ctx)
+        if message is not None:
+            out.append(Violation(inv.name, inv.rule, message))
+    return out
