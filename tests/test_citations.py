@@ -21,7 +21,15 @@ SKIPPED_PARTS = {".venv", "__pycache__", ".git"}
 CITATION = re.compile(r"§ ?(\d+(?:\.\d+)*)")
 ANCHOR = re.compile(r'<a id="([^"]+)"></a>|\{#([^}]+)\}')
 # Spelled in two pieces so that this file does not mention them itself.
-FORBIDDEN = ("/work/" + "shared", "seed " + "article")
+# The reference notes outside the repo, by file name, are forbidden too: cite docs/semantics.md.
+FORBIDDEN = (
+    "/work/" + "shared",
+    "seed " + "article",
+    "vllm-kv-" + "semantics.md",
+    "bugs-tests-" + "and-invariants.md",
+    "vllm-on-" + "cpu.md",
+    "reference " + "§",
+)
 
 
 def get_anchor(number: str) -> str:

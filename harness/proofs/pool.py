@@ -1,6 +1,6 @@
 """Claims about the block pool: every operation preserves the pool invariants.
 
-Invariants (vLLM 0.33 ``BlockPool``; reference §9 items 1-5):
+Invariants (vLLM 0.33 ``BlockPool``; docs/semantics.md §9.1-§9.5):
 
 * conservation: ``free + |{b != null : ref_cnt[b] > 0}| == N - 1``;
 * a non-null block is in the free queue iff its ``ref_cnt`` is 0 (and ``ref_cnt >= 0``);

@@ -1,8 +1,8 @@
 """The vllm target (harness/targets/vllm.py) driven by hand-written op sequences.
 
 Expected values come from vLLM's own tests and the reference notes, not from running the adapter:
-the ``test_prefill`` / ``test_prefill_hybrid_model`` vectors in /work/shared/reference/vllm-on-cpu.md
-(demo output) and the hashing rules of section 4 of vllm-kv-semantics.md.  Hash bytes are checked
+the ``test_prefill`` / ``test_prefill_hybrid_model`` vectors of vLLM 0.33's ``test_prefix_caching.py``
+and the hashing rules of docs/semantics.md §4.  Hash bytes are checked
 against ``spec.hashing`` (an independent re-implementation), never against vLLM's own hasher.
 """
 
@@ -79,7 +79,7 @@ def test_other_profile_is_unsupported(target: VllmTarget) -> None:
         target.reset(full_config(profile=Profile.V0_20))
 
 
-# --- vLLM test_prefill vectors (vllm-on-cpu.md demo) ------------------------------------------
+# --- vLLM 0.33 test_prefill vectors (its test_prefix_caching.py) ------------------------------
 
 
 def test_prefill_full_attention_vectors(target: VllmTarget) -> None:
