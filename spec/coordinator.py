@@ -16,7 +16,7 @@ from spec import arith, managers
 from spec.config import AttentionSpec, KVCacheConfig
 from spec.request import Request
 from spec.state import KVCacheManagerState
-from spec.types import BlockHash, BlockId, GroupId, RequestId
+from spec.types import BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
 
 CoordinatorKind = Literal["no_prefix_cache", "unitary", "hybrid"]
 
@@ -56,13 +56,12 @@ def get_spec_groups(config: KVCacheConfig) -> tuple[SpecGroup, ...]:
     return tuple(sorted(groups, key=lambda g: g.spec.kind != "full"))
 
 
-GroupHits = tuple[tuple[BlockId, ...], ...]
-SearchFn = Callable[[SpecGroup, int], tuple[GroupHits, int]]
+SearchFn = Callable[[SpecGroup, int], tuple[GroupBlockIds, int]]
 
 
 def find_longest_cache_hit_hybrid(
     spec_groups: Sequence[SpecGroup], num_groups: int, max_cache_hit_length: int, search: SearchFn
-) -> tuple[GroupHits, int, int]:
+) -> tuple[GroupBlockIds, int, int]:
     """vLLM 0.33 ``HybridKVCacheCoordinator.find_longest_cache_hit``: a fixed point.
 
     Start from the cap; each spec group either accepts the candidate length or lowers it (its own
@@ -108,7 +107,7 @@ def find_longest_cache_hit_hybrid(
 
 def find_longest_cache_hit(
     state: KVCacheManagerState, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
-) -> tuple[GroupHits, int, int]:
+) -> tuple[GroupBlockIds, int, int]:
     """The coordinator's lookup: per-group hit blocks, hit length, uncached common prefix."""
     config = state.config
     num_groups = len(config.groups)
@@ -117,7 +116,7 @@ def find_longest_cache_hit(
         return tuple(() for _ in range(num_groups)), 0, 0
     alignment = get_hit_alignment(config)
 
-    def search(sg: SpecGroup, max_length: int) -> tuple[GroupHits, int]:
+    def search(sg: SpecGroup, max_length: int) -> tuple[GroupBlockIds, int]:
         return managers.find_longest_cache_hit(state, sg.spec, sg.group_ids, block_hashes, max_length, alignment)
 
     if kind == "unitary":
@@ -130,7 +129,7 @@ def get_num_blocks_to_allocate(
     state: KVCacheManagerState,
     request_id: RequestId,
     num_tokens: int,
-    new_computed_blocks: GroupHits,
+    new_computed_blocks: GroupBlockIds,
     num_encoder_tokens: int,
     total_computed_tokens: int,
     apply_admission_cap: bool = False,
@@ -155,7 +154,7 @@ def get_num_blocks_to_allocate(
 def allocate_new_computed_blocks(
     state: KVCacheManagerState,
     request_id: RequestId,
-    new_computed_blocks: GroupHits,
+    new_computed_blocks: GroupBlockIds,
     num_local_computed_tokens: int,
     num_external_computed_tokens: int,
 ) -> KVCacheManagerState:
@@ -182,7 +181,7 @@ def allocate_new_computed_blocks(
 
 def allocate_new_blocks(
     state: KVCacheManagerState, request_id: RequestId, num_tokens: int, num_encoder_tokens: int
-) -> tuple[KVCacheManagerState, GroupHits]:
+) -> tuple[KVCacheManagerState, GroupBlockIds]:
     """vLLM 0.33 ``allocate_new_blocks``, group by group (cross-attention sized by the encoder)."""
     fresh: list[tuple[BlockId, ...]] = []
     for gid, spec in enumerate(state.config.groups):

@@ -35,9 +35,8 @@ from spec.slot_allocation import (
     verify_non_negative_counts,
 )
 from spec.state import KVCacheManagerState, init_state, with_pool
-from spec.types import BlockId, RequestId
+from spec.types import GroupBlockIds, RequestId
 
-GroupBlocks = tuple[tuple[BlockId, ...], ...]
 """One tuple of block ids per KV-cache group (vLLM ``KVCacheBlocks.get_block_ids()``)."""
 
 
@@ -46,7 +45,7 @@ class ComputedBlocks:
     """vLLM 0.33 ``get_computed_blocks`` result: the hit blocks per group (null placeholders at
     skipped positions), the hit length, and the hybrid shared-prefix boundary (0 for one group)."""
 
-    blocks: GroupBlocks
+    blocks: GroupBlockIds
     num_hit_tokens: int
     shared_prefix_boundary: int = 0
 
@@ -87,7 +86,7 @@ def get_computed_blocks(state: KVCacheManagerState, request: Request) -> Compute
     return ComputedBlocks(blocks, hit, hit + uncached if uncached else 0)
 
 
-def get_hit_blocks(config: KVCacheConfig, new_computed_blocks: ComputedBlocks | None) -> GroupBlocks:
+def get_hit_blocks(config: KVCacheConfig, new_computed_blocks: ComputedBlocks | None) -> GroupBlockIds:
     """The prefix hits ``allocate_slots`` is asked to adopt, one tuple per group (``()`` when no
     lookup result is passed)."""
     if new_computed_blocks is None:
@@ -110,7 +109,7 @@ def allocate_slots(
     full_sequence_must_fit: bool = False,
     reserved_blocks: int = 0,
     has_scheduled_reqs: bool = True,
-) -> tuple[KVCacheManagerState, GroupBlocks | None]:
+) -> tuple[KVCacheManagerState, GroupBlockIds | None]:
     """vLLM 0.33 ``KVCacheManager.allocate_slots``: the new blocks per group, or None.
 
     All or nothing: the block count is predicted and checked before anything is touched or taken;

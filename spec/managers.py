@@ -28,12 +28,12 @@ from spec.state import (
     with_table,
     without_request,
 )
-from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
+from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
 
 CachedAt = Callable[[int], Sequence[BlockId] | None]
 """``cached_at(i)``: the block cached under view hash i for each group id searched, or None."""
 
-HitResult = tuple[tuple[tuple[BlockId, ...], ...], int]
+HitResult = tuple[GroupBlockIds, int]  # (hit blocks per group, hit length in tokens)
 """Per searched group id, the hit blocks (null placeholders included); and the hit length in tokens."""
 
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 from spec import arith, block_pool, coordinator
 from spec.config import KVCacheConfig
-from spec.coordinator import GroupHits
 from spec.request import Request, RequestStatus
 from spec.state import KVCacheManagerState
+from spec.types import GroupBlockIds
 
 
 def verify_non_negative_counts(op: str, counts: Mapping[str, int]) -> None:
@@ -48,7 +48,7 @@ def has_free_blocks(state: KVCacheManagerState, num_blocks: int, reserved_blocks
 
 
 def get_num_blocks_for_full_sequence(
-    state: KVCacheManagerState, request: Request, hits: GroupHits, num_encoder_tokens: int, t: arith.SlotTargets
+    state: KVCacheManagerState, request: Request, hits: GroupBlockIds, num_encoder_tokens: int, t: arith.SlotTargets
 ) -> int:
     """Step 4 (``full_sequence_must_fit``): the blocks the whole request (up to ``max_model_len``)
     would need, with window kinds capped at their recycling bound (the admission cap)."""
@@ -71,7 +71,7 @@ def get_num_processed_tokens(request: Request, t: arith.SlotTargets) -> int:
 
 
 def get_num_blocks_to_allocate(
-    state: KVCacheManagerState, request: Request, hits: GroupHits, num_encoder_tokens: int, t: arith.SlotTargets
+    state: KVCacheManagerState, request: Request, hits: GroupBlockIds, num_encoder_tokens: int, t: arith.SlotTargets
 ) -> int:
     """Step 6: the blocks this call will take off the free queue, fresh ones plus evictable hits
     (the predictor gets the unclamped computed total)."""
@@ -83,7 +83,7 @@ def get_num_blocks_to_allocate(
 def adopt_computed_blocks(
     state: KVCacheManagerState,
     request: Request,
-    hits: GroupHits,
+    hits: GroupBlockIds,
     num_external_computed_tokens: int,
     t: arith.SlotTargets,
 ) -> KVCacheManagerState:

@@ -35,6 +35,10 @@ NULL_BLOCK_ID = BlockId(0)
 """The pool pops block 0 at construction and uses it as the placeholder for skipped positions."""
 
 
+# Block ids per KV-cache group, in group order: a lookup's hits, an allocation's new blocks.
+GroupBlockIds = tuple[tuple[BlockId, ...], ...]
+
+
 def make_block_key(block_hash: BlockHash, group_id: GroupId) -> BlockKey:
     """vLLM 0.33 ``make_block_hash_with_group_id``: the hash followed by the 4-byte big-endian group id."""
     return BlockKey(block_hash + group_id.to_bytes(4, "big"))
