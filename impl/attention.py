@@ -14,6 +14,8 @@ is the same maths on a contiguous K/V of the whole sequence, without any cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -40,6 +42,8 @@ def first_visible_position(p: int, kind: str, window: int | None) -> int:
     """The lowest key position a query at ``p`` attends to."""
     if kind == "full":
         return 0
+    if window is None:
+        raise ValueError(f"{kind} attention needs a window/chunk size")
     if kind == "sliding_window":
         return max(0, p - window + 1)
     return (p // window) * window
@@ -105,21 +109,27 @@ def triton_available() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        import triton  # noqa: F401
+        import triton  # type: ignore[import-untyped]  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-_KERNEL = None
+class PagedAttentionKernel(Protocol):
+    """What the launcher needs of the ``@triton.jit`` kernel: ``kernel[grid](*args, **constexprs)``."""
+
+    def __getitem__(self, grid: tuple[int, int]) -> Callable[..., object]: ...
 
 
-def _build_kernel():  # pragma: no cover - needs Triton
+_KERNEL: PagedAttentionKernel | None = None
+
+
+def _build_kernel() -> PagedAttentionKernel:  # pragma: no cover - needs Triton
     import triton
-    import triton.language as tl
+    import triton.language as tl  # type: ignore[import-untyped]
 
-    @triton.jit
-    def paged_attn_kernel(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def paged_attn_kernel(  # type: ignore[no-untyped-def]  # Triton reads parameter annotations
         q_ptr,
         k_ptr,
         v_ptr,
@@ -172,7 +182,8 @@ def _build_kernel():  # pragma: no cover - needs Triton
         out = acc / l_sum
         tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
-    return paged_attn_kernel
+    kernel: PagedAttentionKernel = paged_attn_kernel
+    return kernel
 
 
 def paged_attention_triton(
@@ -194,7 +205,7 @@ def paged_attention_triton(
 
 
 def launch_paged_attention_kernel(
-    kernel: object,
+    kernel: PagedAttentionKernel,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -212,7 +223,7 @@ def launch_paged_attention_kernel(
     q = q.contiguous()  # [T, Hq, D]
     out = torch.empty_like(q)  # [T, Hq, D]
     kind_id = {"full": 0, "sliding_window": 1, "chunked_local": 2}[kind]
-    kernel[(t, hq)](  # type: ignore[index]
+    kernel[(t, hq)](
         q,
         k_cache,
         v_cache,

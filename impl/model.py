@@ -72,9 +72,11 @@ class TinyTransformer:
         g = torch.Generator().manual_seed(c.seed)
 
         def w(*shape: int) -> torch.Tensor:
-            return (torch.randn(*shape, generator=g) / shape[0] ** 0.5).to(self.device)
+            scale: float = shape[0] ** 0.5  # annotated: typeshed types ``int ** float`` as Any
+            return (torch.randn(*shape, generator=g) / scale).to(self.device)
 
-        self.embed = w(c.vocab_size, c.d_model) * c.vocab_size**0.5  # [V, d_model]
+        vocab_scale: float = c.vocab_size**0.5
+        self.embed = w(c.vocab_size, c.d_model) * vocab_scale  # [V, d_model]
         self.weights = [
             dict(
                 wq=w(c.d_model, c.num_heads * c.head_dim),  # [d_model, Hq*D]
@@ -87,7 +89,9 @@ class TinyTransformer:
             for _ in c.layers
         ]
 
-    def _qkv(self, x: torch.Tensor, wts: dict[str, torch.Tensor], pos: torch.Tensor):
+    def _qkv(
+        self, x: torch.Tensor, wts: dict[str, torch.Tensor], pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.config
         h = rms_norm(x)  # [T, d_model]
         q = (h @ wts["wq"].to(x.dtype)).view(-1, c.num_heads, c.head_dim)  # [T, Hq, D]
@@ -105,7 +109,7 @@ class TinyTransformer:
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)  # [N]
         pos = torch.arange(ids.numel(), device=self.device)  # [N]
         x = self.embed[ids].to(dtype)  # [N, d_model]
-        for spec, wts in zip(self.config.layers, self.weights):
+        for spec, wts in zip(self.config.layers, self.weights, strict=True):
             q, k, v = self._qkv(x, wts, pos)  # [N, Hq, D], [N, Hkv, D], [N, Hkv, D]
             attn = dense_attention(q, k, v, pos, spec.kind, spec.window)  # [N, Hq, D]
             x = self._finish(x, attn, wts)  # [N, d_model]
@@ -138,7 +142,7 @@ class TinyTransformer:
         tables = [torch.as_tensor(list(t), dtype=torch.long, device=self.device) for t in block_tables]  # [n_g] each
         attend = paged_attention_triton if use_triton else paged_attention
         x = self.embed[ids].to(dtype)  # [T, d_model]
-        for layer, (spec, wts) in enumerate(zip(self.config.layers, self.weights)):
+        for layer, (spec, wts) in enumerate(zip(self.config.layers, self.weights, strict=True)):
             q, k, v = self._qkv(x, wts, pos)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
             cache.write(layer, tables[spec.group], pos, k, v)
             attn = attend(
@@ -149,7 +153,7 @@ class TinyTransformer:
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
-    """Comparison tolerances per dtype (bugs-tests-and-invariants.md section C)."""
+    """Comparison tolerances per dtype (``rtol`` / ``atol`` for ``torch.testing.assert_close``)."""
     if dtype == torch.float64:
         return {"rtol": 1e-9, "atol": 1e-9}
     if dtype == torch.float32:

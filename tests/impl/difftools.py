@@ -25,10 +25,8 @@ def run_both(a: Any, b: Any, config: KVCacheConfig, seed: int, steps: int) -> tu
         oa, ob = a.observe(), b.observe()
         if oa != ob:
             fields = [f for f in oa.__dataclass_fields__ if getattr(oa, f) != getattr(ob, f)]
-            return (
-                n,
-                f"op #{n} {op}: observations differ in {fields}: {[getattr(oa, f) for f in fields]} vs {[getattr(ob, f) for f in fields]}",
-            )
+            va, vb = [getattr(oa, f) for f in fields], [getattr(ob, f) for f in fields]
+            return n, f"op #{n} {op}: observations differ in {fields}: {va} vs {vb}"
         feed(ra)
     return n, None
 

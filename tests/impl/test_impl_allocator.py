@@ -1,6 +1,6 @@
-"""Unit tests of ``impl.allocator`` against the worked vectors of vllm-kv-semantics.md.
+"""Unit tests of ``impl.allocator`` against worked vectors of vLLM 0.33's behaviour.
 
-Expected values come from the reference document (vLLM's own tests and the vLLM demo run), never
+Expected values come from docs/semantics.md, vLLM's own tests and a vLLM 0.33 demo run, never
 from running the code under test.
 """
 
@@ -97,7 +97,7 @@ def test_48_token_prompt_hits_two_blocks_49_hits_three():
 
 
 def test_hybrid_hit_vector():
-    """vllm-on-cpu.md demo: full + sliding window (W 32), bs 16, 21 blocks."""
+    """vLLM 0.33 demo run (on CPU): full + sliding window (W 32), bs 16, 21 blocks."""
     m = KVCacheManager([FULL16, GroupSpec("sliding_window", 16, sliding_window=32)], num_blocks=21, max_model_len=8192)
     h = BlockHasher(16)
     r0 = make_req("0", list(range(55)), h)
@@ -127,7 +127,7 @@ def _pool_with_table(manager_cls, spec: GroupSpec, n_blocks: int):
 
 @pytest.mark.parametrize("n, nulled", [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2), (11, 4)])
 def test_sliding_window_remove_skipped(n, nulled):
-    """bs 2, W 4, 11 real blocks (vllm-kv-semantics.md section 5)."""
+    """bs 2, W 4, 11 real blocks (docs/semantics.md §5)."""
     _, mgr = _pool_with_table(SlidingWindowManager, GroupSpec("sliding_window", 2, sliding_window=4), 11)
     mgr.remove_skipped_blocks("r", n)
     table = mgr.tables["r"]

@@ -17,7 +17,14 @@ pytest.importorskip("triton")
 
 from impl import attention as A  # noqa: E402
 
-CASES = [("full", None), ("sliding_window", 1), ("sliding_window", 7), ("sliding_window", 16), ("chunked_local", 4), ("chunked_local", 8)]
+CASES = [
+    ("full", None),
+    ("sliding_window", 1),
+    ("sliding_window", 7),
+    ("sliding_window", 16),
+    ("chunked_local", 4),
+    ("chunked_local", 8),
+]
 
 
 @pytest.mark.parametrize("kind, window", CASES)
