@@ -1,34 +1,55 @@
-"""Drive two targets through the same generated trace and report the first divergence."""
+"""Drive two targets through the same seeded workload and report the first divergence."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from opgen import scheduler_trace
-
+from harness.workload import run_seeded
 from spec.config import KVCacheConfig
 
 
-def run_both(a: Any, b: Any, config: KVCacheConfig, seed: int, steps: int) -> tuple[int, str | None]:
-    """Apply one trace to ``a`` and ``b``; return (ops applied, first difference or None)."""
-    a.reset(config)
-    b.reset(config)
-    n = 0
-    for op, feed in scheduler_trace(config, seed, steps):
-        n += 1
-        ra = _outcome(a, op)
-        rb = _outcome(b, op)
+class Diverged(Exception):
+    """The two targets answered one operation differently, or reported different states."""
+
+
+class _Pair:
+    """Applies each operation to ``a`` and ``b``; the workload goes on with ``a``'s outcome."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+        self.applied = 0
+
+    def reset(self, config: KVCacheConfig) -> None:
+        self.a.reset(config)
+        self.b.reset(config)
+
+    def apply(self, op: Any) -> Any:
+        self.applied += 1
+        ra, rb = _outcome(self.a, op), _outcome(self.b, op)
         if ra != rb:
-            return n, f"op #{n} {op}: outcome {ra!r} != {rb!r}"
-        if isinstance(ra, tuple):  # both raised the same exception type: the trace ends here
-            return n, None
-        oa, ob = a.observe(), b.observe()
+            raise Diverged(f"op #{self.applied} {op}: outcome {ra!r} != {rb!r}")
+        if isinstance(ra, tuple):
+            raise Diverged(f"op #{self.applied} {op}: both raised {ra[1]}")
+        oa, ob = self.a.observe(), self.b.observe()
         if oa != ob:
             fields = [f for f in oa.__dataclass_fields__ if getattr(oa, f) != getattr(ob, f)]
             va, vb = [getattr(oa, f) for f in fields], [getattr(ob, f) for f in fields]
-            return n, f"op #{n} {op}: observations differ in {fields}: {va} vs {vb}"
-        feed(ra)
-    return n, None
+            raise Diverged(f"op #{self.applied} {op}: observations differ in {fields}: {va} vs {vb}")
+        return ra
+
+    def observe(self) -> Any:
+        return self.a.observe()
+
+
+def run_both(a: Any, b: Any, config: KVCacheConfig, seed: int, actions: int) -> tuple[int, str | None]:
+    """Drive ``a`` and ``b`` through one seeded workload run of ``actions`` actions; return
+    (operations applied, the first difference or None)."""
+    pair = _Pair(a, b)
+    try:
+        run_seeded(pair, config, seed, actions)
+    except Diverged as e:
+        return pair.applied, str(e)
+    return pair.applied, None
 
 
 def _outcome(t: Any, op: Any) -> Any:

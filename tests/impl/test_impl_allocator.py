@@ -241,9 +241,8 @@ def test_hash_chain_is_vllm_sha256_pickle():
 
 def test_predictor_equals_allocator():
     """For every successful allocate_slots, free blocks consumed == the prediction (step 9)."""
-    from opgen import scheduler_trace
-
     from harness.targets.impl import ImplTarget
+    from harness.workload import run_seeded
     from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
     configs = [
@@ -251,29 +250,36 @@ def test_predictor_equals_allocator():
         KVCacheConfig(num_blocks=40, groups=(full_attention(8), sliding_window(4, 6)), max_model_len=200),
         KVCacheConfig(num_blocks=30, groups=(chunked_local(4, 8),), max_model_len=200),
     ]
+    seen: list[tuple[int, int]] = []
+
+    class Spied(ImplTarget):
+        def build(self, config):
+            super().build(config)
+            m = self._manager
+            m._all_full = False  # exercise the general path (the plain fast path is checked below)
+            real = m._predict
+
+            def spy(*args, **kwargs):
+                k = real(*args, **kwargs)
+                seen.append((k, m.pool.num_free))
+                return k
+
+            m._predict = spy
+
     checked = 0
+
+    def check(op, out):
+        nonlocal checked
+        if type(op).__name__ == "AllocateSlots" and out is not None:
+            k, free_before = seen[-1]
+            assert free_before - t._manager.pool.num_free == k, op
+            checked += 1
+        seen.clear()
+
     for config in configs:
-        t = ImplTarget()
-        t.reset(config)
-        m = t._manager
-        m._all_full = False  # exercise the general path (the plain fast path is checked below)
-        seen: list[tuple[int, int]] = []
-        real = m._predict
-
-        def spy(*args, _real=real, _m=m, _seen=seen, **kwargs):
-            k = _real(*args, **kwargs)
-            _seen.append((k, _m.pool.num_free))
-            return k
-
-        m._predict = spy
-        for op, feed in scheduler_trace(config, 3, 400):
-            seen.clear()
-            out = t.apply(op)
-            if type(op).__name__ == "AllocateSlots" and out is not None:
-                k, free_before = seen[-1]
-                assert free_before - m.pool.num_free == k, op
-                checked += 1
-            feed(out)
+        for seed in range(3):
+            t = Spied()
+            run_seeded(t, config, seed, 150, on_op=check)
     assert checked > 50
 
 
@@ -293,8 +299,8 @@ def test_plain_fast_path_equals_general_path():
     from spec.config import KVCacheConfig, full_attention
 
     class General(ImplTarget):
-        def reset(self, config):
-            super().reset(config)
+        def build(self, config):
+            super().build(config)
             self._manager._all_full = False
 
     config = KVCacheConfig(
