@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from configs_oracle import FAMILIES
-from oracle_drive import run_trace
+from oracle_drive import drive
 from test_oracle_findings import CHUNKED, CHUNKED_OPS, SWA, SWA_OPS, replay
 
 from harness.oracle import KVCheckTarget
@@ -29,7 +29,7 @@ def vllm_factory():
 def test_vllm_manager_passes_the_oracle(vllm_factory, family):
     target = KVCheckTarget(vllm_factory(), device="cpu")
     for seed in range(2):
-        r = run_trace(target, FAMILIES[family][0], seed, 150)
+        r = drive(target, FAMILIES[family][0], seed, 150)
         assert r.finding is None, r.finding.to_markdown()
         assert r.stopped is None, r.stopped
     assert target.stats.model_runs > 40

@@ -1,0 +1,319 @@
+"""The KV-content oracle's model runner: what each scheduler-side event means for the KV cache.
+
+``KVCheckTarget`` (``harness.oracle``) keeps the requests in a ``harness.book.RequestBook`` whose
+native objects are ``OracleRequest`` (the oracle's own facts beside the book's record), and calls
+the ``ModelRunner`` for every event that touches KV: a lookup, an allocation, a change of the
+computed count, a free, the arrival of an async load, a release of blocks.  The runner writes and
+reads the paged cache (``harness.kv_paged``) through the tables of the latest observation, checks
+against the dense reference (``harness.kv_dense``) and raises ``KVMismatch`` on wrong numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from harness import ops as O
+from harness.book import BookRequest
+from harness.kv_dense import DenseRun, dense_reference, row_errors
+from harness.kv_finding import BadKV, KVFinding, KVMismatch, fmt_positions
+from harness.kv_paged import PagedKV
+from harness.kv_request import LORA_SLOTS, Alloc, OracleRequest
+from harness.observation import Observation
+from impl.attention import first_visible_position
+from impl.model import LayerSpec
+
+
+@dataclass
+class OracleStats:
+    """What the oracle did since construction (``seconds``: time spent in the oracle itself,
+    the inner target's own time and the observations' excluded / included as labelled)."""
+
+    ops: int = 0
+    model_runs: int = 0
+    tokens_checked: int = 0
+    hit_tokens_checked: int = 0
+    external_tokens_written: int = 0
+    blocks_poisoned: int = 0
+    observations: int = 0
+    oracle_seconds: float = 0.0  # model, reference, comparisons, poisoning (no inner call, no observe)
+    observe_seconds: float = 0.0  # inner.observe() calls made for the oracle
+    inner_seconds: float = 0.0  # inner.apply()
+
+
+class ModelRunner:
+    """Plays vLLM's model runner against the tables of ``obs`` (set by the wrapper); findings name
+    the operation ``op`` (number ``op_index``) of ``target``."""
+
+    def __init__(self, kv: PagedKV, stats: OracleStats, target: object) -> None:
+        self.kv = kv
+        self.stats = stats
+        self.target = target
+        self.loras: dict[tuple[str, str], int] = {}
+        self.obs: Observation | None = None
+        self.op_index = -1
+        self.op: O.Op | None = None
+
+    def new_request(self, rec: BookRequest) -> OracleRequest:
+        lora = rec.lora
+        slot = 0 if lora is None else 1 + self.loras.setdefault(lora, len(self.loras)) % LORA_SLOTS
+        return OracleRequest(rec, slot)
+
+    # --- scheduler-side events -------------------------------------------------------------------
+
+    def looked_up(self, r: OracleRequest, out: Any) -> None:
+        r.lookup = [list(g) for g in out["block_ids"]] if isinstance(out, dict) else None
+
+    def allocated(self, r: OracleRequest, op: O.AllocateSlots, out: Any, before: Observation | None) -> None:
+        """Poison the blocks this allocation added that are not the request's prefix hits."""
+        if out is not None:
+            assert self.obs is not None
+            hits = r.lookup if (op.use_computed_blocks and r.lookup is not None) else []
+            fresh: set[int] = set()
+            for g, table in enumerate(self.obs.tables):
+                old = set(before.tables[g].get(r.rid, ())) if before is not None else set()
+                keep = old | (set(hits[g]) if g < len(hits) else set()) | {0}
+                fresh.update(b for b in table.get(r.rid, ()) if b not in keep)
+            if isinstance(out, dict):
+                for g, ids in enumerate(out.get("block_ids", ())):
+                    fresh.update(b for b in ids if b != 0 and not (g < len(hits) and b in hits[g]))
+            self.stats.blocks_poisoned += self.kv.poison(fresh)
+            r.alloc = Alloc(
+                r.rec.num_computed_tokens,
+                op.num_new_computed_tokens,
+                op.num_external_computed_tokens,
+                op.delay_cache_blocks,
+            )
+            if op.use_computed_blocks:
+                r.lookup = None
+        self.poison_released()  # allocate_slots frees out-of-window blocks first
+
+    def computed(self, r: OracleRequest, prev: int, n: int) -> None:
+        """The computed count moved from ``prev`` to ``n``: positions ``[prev, n)`` are prefix hits,
+        connector loads or model runs, as the last allocation said."""
+        if n < prev:  # rejection, preemption, failed load: positions >= n are recomputed later
+            r.pending_hit = [(a, min(b, n)) for a, b in r.pending_hit if a < n]
+            if r.pending_ext is not None:
+                a, b = r.pending_ext
+                r.pending_ext = (a, min(b, n)) if a < n else None
+            r.alloc = None
+            return
+        if n == prev:
+            return
+        model_start = prev
+        al = r.alloc
+        if al is not None:
+            hit_end = al.start + al.hit
+            ext_end = hit_end + al.ext
+            hs, he = max(prev, al.start), min(n, hit_end)
+            if he > hs:
+                r.pending_hit.append((hs, he))
+            es, ee = max(prev, hit_end), min(n, ext_end)
+            if ee > es:
+                if al.delay:
+                    lo = es if r.pending_ext is None else min(es, r.pending_ext[0])
+                    hi = ee if r.pending_ext is None else max(ee, r.pending_ext[1])
+                    r.pending_ext = (lo, hi)
+                else:
+                    self._load_external(r, es, ee)
+            model_start = max(prev, ext_end)
+        if n > model_start:
+            self._model_run(r, model_start, n)
+
+    def freed(self, r: OracleRequest) -> None:
+        r.alloc, r.pending_hit, r.pending_ext, r.lookup = None, [], None, None
+        self.poison_released()
+
+    def arrive(self, r: OracleRequest, upto: int) -> None:
+        """``cache_blocks`` after an async load: the connector has written ``[a, min(b, upto))``."""
+        if r.pending_ext is None:
+            return
+        a, b = r.pending_ext
+        end = min(b, upto)
+        if end > a:
+            self._load_external(r, a, end)
+        r.pending_ext = (end, b) if end < b else None
+
+    def poison_released(self) -> None:
+        assert self.obs is not None
+        self.stats.blocks_poisoned += self.kv.poison_released(self.obs)
+
+    # --- model runs, loads, hit checks -----------------------------------------------------------
+
+    def _dense(self, r: OracleRequest, n: int) -> DenseRun:
+        seq = r.virtual(r.sequence(n))
+        d = r.dense
+        if d is None or len(d.tokens) < n or d.tokens[:n] != seq:
+            d = r.dense = dense_reference(self.kv.model, seq)
+        return d
+
+    def _tables(self, r: OracleRequest) -> list[tuple[int, ...]]:
+        assert self.obs is not None
+        return [t.get(r.rid, ()) for t in self.obs.tables]
+
+    def _load_external(self, r: OracleRequest, a: int, b: int) -> None:
+        """The KV connector writes the dense KV of positions ``[a, b)`` into the request's blocks."""
+        tables = self._tables(r)
+        self._check_mapped(r, tables, a, b, "externally loaded", allow_null=True)
+        self.kv.load(tables, a, b, self._dense(r, b))
+        self.stats.external_tokens_written += b - a
+
+    def _model_run(self, r: OracleRequest, s: int, n: int) -> None:
+        """The model computes positions ``[s, n)`` of ``r`` through its block tables."""
+        tables = self._tables(r)
+        self._check_ids(r, tables)
+        self._check_mapped(r, tables, s, n, "computed")
+        d = self._dense(r, n)
+        self._verify_hits(r, tables, d)
+        if r.pending_ext is not None:  # the load must have arrived before the request runs again
+            a, b = r.pending_ext
+            r.pending_ext = None
+            self._load_external(r, a, min(b, n))
+        out = self.kv.forward(d.tokens[s:n], s, tables)  # [T, d_model]
+        self.stats.model_runs += 1
+        self.stats.tokens_checked += n - s
+        bad, _, max_abs, max_rel = row_errors(out, d.hidden[s:n], self.kv.tol)
+        if bool(bad.any()):
+            positions = [s + i for i, x in enumerate(bad.tolist()) if x]
+            self._output_mismatch(r, tables, d, s, n, positions, max_abs, max_rel)
+
+    def _verify_hits(self, r: OracleRequest, tables: list[tuple[int, ...]], d: DenseRun) -> None:
+        """Prefix-hit positions must hold the dense KV of this request's own prefix."""
+        ranges, r.pending_hit = r.pending_hit, []
+        for a, b in ranges:
+            self._check_mapped(r, tables, a, b, "prefix-hit", allow_null=True)
+
+            def hit_positions(spec: LayerSpec, table: Sequence[int], bs: int, a: int = a, b: int = b) -> list[int]:
+                return [p for p in range(a, b) if table[p // bs] != 0]
+
+            bad_kv, max_abs, max_rel = self.kv.compare_kv(tables, d, hit_positions, b)
+            self.stats.hit_tokens_checked += b - a
+            if bad_kv:
+                first = min(bad_kv, key=lambda x: x.layer)
+                positions = sorted({p for x in bad_kv for p in x.positions})
+                blocks = sorted({x.block_id for x in bad_kv})
+                what = (
+                    "NaN: the blocks were never written or were freed"
+                    if all(x.nan for x in bad_kv)
+                    else f"largest error {max_abs:.3g}: another sequence's KV"
+                )
+                summary = (
+                    f"request {r.rid}: prefix-cache hit positions {fmt_positions(positions)} in block(s) "
+                    f"{blocks} do not hold the KV of {r.rid}'s own prefix ({what}; "
+                    f"first at layer {first.layer}, group {first.group})"
+                )
+                args = (positions, first.group, first.layer, blocks, max_abs, max_rel)
+                self._raise("prefix-hit", r, *args, summary, bad_kv)
+
+    # --- diagnosis -------------------------------------------------------------------------------
+
+    def _check_ids(self, r: OracleRequest, tables: list[tuple[int, ...]]) -> None:
+        """Every id in the request's tables must name a block of the pool (0 = null)."""
+        nb = self.kv.num_blocks
+        for _, spec in self.kv.layers:
+            g = spec.group
+            bad = sorted({b for b in tables[g] if not 0 <= b < nb})
+            if bad:
+                summary = f"request {r.rid}: group {g} table holds block id(s) {bad} outside the pool of {nb}"
+                self._raise("unmapped-slot", r, [], g, None, bad, math.inf, math.inf, summary)
+
+    def _check_mapped(
+        self, r: OracleRequest, tables: list[tuple[int, ...]], lo: int, hi: int, what: str, allow_null: bool = False
+    ) -> None:
+        """Every position in ``[lo, hi)`` must lie inside the request's table in every decoder group,
+        on a block id of the pool, and (unless ``allow_null``) not on the null block."""
+        nb = self.kv.num_blocks
+        first_ok = 0 if allow_null else 1
+        for _, spec in self.kv.layers:
+            g = spec.group
+            bs = self.kv.block_sizes[g]
+            table = tables[g]
+            bad = [p for p in range(lo, hi) if p // bs >= len(table) or not first_ok <= table[p // bs] < nb]
+            if bad:
+                blocks = sorted({table[p // bs] for p in bad if p // bs < len(table)})
+                summary = (
+                    f"request {r.rid}: {what} positions {fmt_positions(bad)} have no usable block in group {g} "
+                    f"(table {list(table)}, block size {bs})"
+                )
+                self._raise("unmapped-slot", r, bad, g, None, blocks, math.inf, math.inf, summary)
+
+    def _output_mismatch(
+        self,
+        r: OracleRequest,
+        tables: list[tuple[int, ...]],
+        d: DenseRun,
+        s: int,
+        n: int,
+        positions: list[int],
+        max_abs: float,
+        max_rel: float,
+    ) -> NoReturn:
+        """Find the first layer whose visible K/V differ from the dense KV, and name its blocks."""
+
+        def visible(spec: LayerSpec, table: Sequence[int], bs: int) -> list[int]:
+            return list(range(first_visible_position(s, spec.kind, spec.window), n))
+
+        bad_kv, _, _ = self.kv.compare_kv(tables, d, visible, n)
+        where = ""
+        layer = group = None
+        groups = {sp.group for _, sp in self.kv.layers}
+        blocks = sorted({tables[g][p // self.kv.block_sizes[g]] for g in groups for p in range(s, n)})
+        if bad_kv:
+            first_layer = min(x.layer for x in bad_kv)
+            bad_kv = [x for x in bad_kv if x.layer == first_layer]
+            layer, group = first_layer, bad_kv[0].group
+            blocks = sorted({x.block_id for x in bad_kv})
+            kv_pos = sorted({p for x in bad_kv for p in x.positions})
+            why = (
+                "the null block (a block dropped while still in the window)"
+                if 0 in blocks
+                else "NaN: freed or never written"
+                if all(x.nan for x in bad_kv)
+                else "another sequence's KV"
+            )
+            where = (
+                f"; layer {layer} (group {group}) reads wrong KV at positions {fmt_positions(kv_pos)} "
+                f"in block(s) {blocks}: {why}"
+            )
+        err = "NaN" if not math.isfinite(max_abs) else f"{max_abs:.3g}"
+        summary = (
+            f"request {r.rid}: attention over the paged cache differs from dense attention at positions "
+            f"{fmt_positions(positions)} (largest abs error {err}){where}"
+        )
+        self._raise("attention-output", r, positions, group, layer, blocks, max_abs, max_rel, summary, bad_kv)
+
+    def _raise(
+        self,
+        kind: str,
+        r: OracleRequest,
+        positions: list[int],
+        group: int | None,
+        layer: int | None,
+        blocks: list[int],
+        max_abs: float,
+        max_rel: float,
+        summary: str,
+        bad_kv: list[BadKV] | None = None,
+    ) -> NoReturn:
+        assert self.op is not None
+        raise KVMismatch(
+            KVFinding(
+                kind=kind,
+                target=getattr(self.target, "name", type(self.target).__name__),
+                request_id=r.rid,
+                op_index=self.op_index,
+                op=O.op_to_json(self.op),
+                positions=list(positions),
+                group=group,
+                layer=layer,
+                block_ids=list(blocks),
+                max_abs_err=max_abs,
+                max_rel_err=max_rel,
+                summary=summary,
+                bad_kv=list(bad_kv or []),
+                dtype=str(self.kv.dtype).replace("torch.", ""),
+                tolerance=dict(self.kv.tol),
+            )
+        )
