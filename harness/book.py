@@ -33,9 +33,11 @@ class BookRequest:
     mm_features: tuple[O.MMFeatureSpec, ...] = ()
     cache_salt: str | None = None
     skip_reading_prefix_cache: bool = False
+    prompt_embeds: tuple[str, ...] | None = None  # hex rows, as ``AddRequest`` carries them
     output_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
+    num_in_flight_tokens: int = 0  # async scheduling: scheduled, output not yet processed
     status: str = RequestStatus.WAITING.value
 
     @property
@@ -59,6 +61,7 @@ def new_book_request(op: O.AddRequest) -> BookRequest:
         tuple(op.mm_features),
         op.cache_salt,
         op.skip_reading_prefix_cache,
+        op.prompt_embeds,
     )
 
 
@@ -70,6 +73,8 @@ def apply_request_op(r: BookRequest, op: O.Op) -> None:
         r.spec_token_ids = tuple(op.token_ids)
     elif isinstance(op, O.SetNumComputedTokens):
         r.num_computed_tokens = op.num_computed_tokens
+    elif isinstance(op, O.SetNumInFlightTokens):
+        r.num_in_flight_tokens = op.num_in_flight_tokens
     elif isinstance(op, O.SetStatus):
         r.status = op.status
     else:

@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 
 from hypothesis import assume, settings
 from hypothesis import strategies as st
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from harness import ops as O
-from harness.families import configs, near_multiples
+from harness.families import configs, near_multiples, workload_features
 from harness.lockstep import Finding, FindingError, Lockstep
 from harness.targets.base import Target, Unsupported
 from harness.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
@@ -43,6 +44,7 @@ class RunStats:
     events: Counter[str] = field(default_factory=Counter)  # family:what the scheduler did -> times
     ops: Counter[str] = field(default_factory=Counter)
     unsupported: Counter[str] = field(default_factory=Counter)
+    skipped: dict[str, str] = field(default_factory=dict)  # family -> why the target models none of it
     finding: Finding | None = None
     finding_steps: list[tuple[O.Op, Any]] = field(default_factory=list)
     finding_config: KVCacheConfig | None = None
@@ -94,6 +96,8 @@ class KVMachine(RuleBasedStateMachine):
     stats: RunStats
     step_timeout: float | None = 10.0
     kv_check = False  # the target is wrapped in the KV-content oracle
+    reset_unsupported: str | None = None  # the target's last Unsupported at reset (why)
+    resets_ok = 0  # resets the target accepted (a family with none is skipped)
 
     def __init__(self) -> None:
         super().__init__()
@@ -107,12 +111,15 @@ class KVMachine(RuleBasedStateMachine):
         self.stats.steps += 1
         return self._lockstep_call(self.ls.apply, op)
 
-    def _lockstep_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """An example the target cannot model is discarded; a finding is recorded and raised."""
+    def _lockstep_call(self, fn: Callable[..., Any], *args: Any, at_reset: bool = False) -> Any:
+        """An example the target cannot model is discarded (at reset, the reason is kept for
+        ``run_machine``); a finding is recorded and raised."""
         try:
             return fn(*args)
         except Unsupported as e:
             self.stats.unsupported[str(e)[:80]] += 1
+            if at_reset:
+                type(self).reset_unsupported = str(e)
             assume(False)
         except FindingError as e:
             self._record(e.finding)
@@ -140,15 +147,17 @@ class KVMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
         config = data.draw(configs(self.family, kv_safe=self.kv_check), label="config")
+        features = workload_features(self.family)
         if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
             config = dataclasses.replace(config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark"))
         ch = DrawChoices(data)
-        sc = draw_sched_config(ch, config, kv_check=self.kv_check)
+        sc = draw_sched_config(ch, config, kv_check=self.kv_check, features=features)
         target = type(self).target_factory()
         self.stats.target_version = str(getattr(target, "version", ""))
-        self.stats.examples += 1
         self.ls = Lockstep(config, target, self.relation, self.step_timeout)
-        self._lockstep_call(self.ls.start)
+        self._lockstep_call(self.ls.start, at_reset=True)
+        type(self).resets_ok += 1
+        self.stats.examples += 1
         self.workload = Workload(config, sc, self._emit, self._table, ch)
 
     @precondition(_when("add_request"))
@@ -220,8 +229,23 @@ def run_machine(cls: type[KVMachine], hyp_settings: settings, seed: int | None =
     """Run the machine as one Hypothesis test; raises (after shrinking) on a finding.
 
     Shrinking is bounded by ``shrink_seconds`` (Hypothesis' own bound is 300 s, an internal
-    constant with no setting; it is lowered here for the duration of the run).
+    constant with no setting; it is lowered here for the duration of the run).  A family the
+    target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
+    vLLM 0.33) is skipped: recorded in ``stats.skipped`` and as the event
+    ``family:unsupported_at_reset``, and not run again.
     """
+    if cls.family in cls.stats.skipped:
+        return
+    try:
+        _run(cls, hyp_settings, seed, shrink_seconds)
+    except (Unsatisfiable, FailedHealthCheck):
+        if cls.reset_unsupported is None or cls.resets_ok:
+            raise
+        cls.stats.skipped[cls.family] = cls.reset_unsupported
+        cls.stats.events[f"{cls.family}:unsupported_at_reset"] += 1
+
+
+def _run(cls: type[KVMachine], hyp_settings: settings, seed: int | None, shrink_seconds: int) -> None:
     from hypothesis.internal.conjecture import engine
 
     def factory() -> KVMachine:

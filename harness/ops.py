@@ -38,7 +38,14 @@ class AddRequest:
     mm_features: tuple[MMFeatureSpec, ...] = ()
     cache_salt: str | None = None
     skip_reading_prefix_cache: bool = False  # prompt-logprob requests
+    # The ``prompt_embeds`` tensor, one hex string per prompt position: the row's raw bytes
+    # (``tensor_data(prompt_embeds[i])``, float32 little-endian), all rows of equal length.
+    prompt_embeds: tuple[str, ...] | None = None
     op: str = field(default="add_request", init=False)
+
+    def prompt_embeds_rows(self) -> tuple[bytes, ...] | None:
+        """The rows as bytes (what ``spec.hashing`` hashes), or None without embeddings."""
+        return None if self.prompt_embeds is None else tuple(bytes.fromhex(r) for r in self.prompt_embeds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,17 @@ class SetNumComputedTokens:
     request_id: str
     num_computed_tokens: int
     op: str = field(default="set_num_computed_tokens", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetNumInFlightTokens:
+    """``request.num_in_flight_tokens = n``: tokens of scheduled steps whose output is not yet
+    processed (vLLM 0.33 async scheduling: ``_update_after_schedule`` adds, ``update_from_output``
+    subtracts).  The manager frees window blocks and caches on ``num_computed_tokens - n``."""
+
+    request_id: str
+    num_in_flight_tokens: int
+    op: str = field(default="set_num_in_flight_tokens", init=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +196,7 @@ Op = (
     | AppendOutputTokens
     | SetSpecTokens
     | SetNumComputedTokens
+    | SetNumInFlightTokens
     | SetStatus
     | GetComputedBlocks
     | AllocateSlots
@@ -196,6 +215,7 @@ OP_TYPES: dict[str, type] = {
         AppendOutputTokens,
         SetSpecTokens,
         SetNumComputedTokens,
+        SetNumInFlightTokens,
         SetStatus,
         GetComputedBlocks,
         AllocateSlots,
@@ -213,12 +233,12 @@ REQUEST_STATUSES = tuple(s.value for s in RequestStatus)
 # Operations that change only the scheduler's Request object, never the manager's state.  The first
 # two also extend the request's block hashes (part of an observation); the others change nothing
 # a target reports.
-REQUEST_OPS = (AddRequest, AppendOutputTokens, SetSpecTokens, SetNumComputedTokens, SetStatus)
+REQUEST_OPS = (AddRequest, AppendOutputTokens, SetSpecTokens, SetNumComputedTokens, SetNumInFlightTokens, SetStatus)
 
 
 def changes_observation(op: Op) -> bool:
     """Can ``op`` change what ``Target.observe`` reports?  (Drafts, counts and statuses cannot.)"""
-    return not isinstance(op, (SetSpecTokens, SetNumComputedTokens, SetStatus))
+    return not isinstance(op, (SetSpecTokens, SetNumComputedTokens, SetNumInFlightTokens, SetStatus))
 
 
 class TraceFormatError(ValueError):
@@ -231,6 +251,8 @@ def op_to_json(op: Op) -> dict[str, Any]:
         if f.name == "op":
             continue
         value = getattr(op, f.name)
+        if f.name == "prompt_embeds" and value is None:
+            continue  # absent unless used: traces without embeddings read as before
         if f.name == "mm_features":
             value = [dataclasses.asdict(m) for m in value]
         elif isinstance(value, tuple):
@@ -257,30 +279,65 @@ def op_from_json(obj: Any, where: str = "operation") -> Op:
             if f.default is dataclasses.MISSING:
                 raise TraceFormatError(f"{where}: {tag!r} is missing field {name!r}")
             continue
-        value = obj[name]
         try:
-            if name == "mm_features":
-                value = tuple(MMFeatureSpec(str(m["identifier"]), int(m["offset"]), int(m["length"])) for m in value)
-            elif name == "lora":
-                value = None if value is None else (str(value[0]), str(value[1]))
-            elif name in ("prompt_token_ids", "token_ids", "block_ids"):
-                if not isinstance(value, list) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in value
-                ):
-                    raise TypeError("expected a list of ints")
-                value = tuple(value)
-            elif isinstance(f.default, bool):
-                if not isinstance(value, bool):
-                    raise TypeError("expected true or false")
-            elif name in ("request_id", "status", "cache_salt", "identifier"):
-                if not (isinstance(value, str) or (value is None and name == "cache_salt")):
-                    raise TypeError("expected a string")
-            elif isinstance(f.default, int) or f.type in ("int",):
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise TypeError("expected an int")
+            kwargs[name] = _parse_field(name, f, obj[name])
         except (TypeError, KeyError, IndexError, ValueError) as e:
             raise TraceFormatError(f"{where}: field {name!r} of {tag!r}: {e}") from None
-        kwargs[name] = value
+    _check_op(cls, kwargs, str(tag), where)
+    return cls(**kwargs)  # type: ignore[no-any-return]
+
+
+def _parse_field(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
+    """One field's JSON value as the operation holds it; ``TypeError`` / ``ValueError`` say why not."""
+    if name == "mm_features":
+        return tuple(MMFeatureSpec(str(m["identifier"]), int(m["offset"]), int(m["length"])) for m in value)
+    if name == "lora":
+        return None if value is None else (str(value[0]), str(value[1]))
+    if name == "prompt_embeds":
+        return _parse_prompt_embeds(value)
+    if name in ("prompt_token_ids", "token_ids", "block_ids"):
+        if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            raise TypeError("expected a list of ints")
+        return tuple(value)
+    if isinstance(f.default, bool):
+        if not isinstance(value, bool):
+            raise TypeError("expected true or false")
+    elif name in ("request_id", "status", "cache_salt", "identifier"):
+        if not (isinstance(value, str) or (value is None and name == "cache_salt")):
+            raise TypeError("expected a string")
+    elif isinstance(f.default, int) or f.type in ("int",):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError("expected an int")
+    return value
+
+
+def _parse_prompt_embeds(value: Any) -> tuple[str, ...] | None:
+    """``null`` or a list of hex strings, one per prompt position, each a non-empty whole number of
+    float32 elements (4 bytes), all of one length."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
+        raise TypeError("expected null or a list of hex strings (one row per prompt token)")
+    for i, row in enumerate(value):
+        try:
+            raw = bytes.fromhex(row)
+        except ValueError:
+            raise ValueError(f"row {i} is not a hex string: {row[:20]!r}") from None
+        if not raw or len(raw) % 4:
+            raise ValueError(f"row {i} holds {len(raw)} bytes, not a whole number (>= 1) of float32 elements")
+    if len({len(r) for r in value}) > 1:
+        raise ValueError("rows differ in length (a tensor's rows all have one width)")
+    return tuple(r.lower() for r in value)
+
+
+def _check_op(cls: type, kwargs: dict[str, Any], tag: str, where: str) -> None:
+    """Checks across fields of one operation."""
     if cls is SetStatus and kwargs["status"] not in REQUEST_STATUSES:
         raise TraceFormatError(f"{where}: status must be one of {REQUEST_STATUSES}, got {kwargs['status']!r}")
-    return cls(**kwargs)  # type: ignore[no-any-return]
+    embeds = kwargs.get("prompt_embeds")
+    if cls is AddRequest and embeds is not None and len(embeds) != len(kwargs["prompt_token_ids"]):
+        raise TraceFormatError(
+            f"{where}: {tag!r} has {len(embeds)} prompt_embeds rows for {len(kwargs['prompt_token_ids'])} prompt tokens"
+        )
+    if cls is SetNumInFlightTokens and kwargs["num_in_flight_tokens"] < 0:
+        raise TraceFormatError(f"{where}: num_in_flight_tokens must be >= 0, got {kwargs['num_in_flight_tokens']}")

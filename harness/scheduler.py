@@ -2,8 +2,8 @@
 
 It decides *which* KV-cache manager calls a real scheduler makes, in which order, and emits them as
 ``harness.ops`` operations through ``emit`` (which applies them to the spec and the target and
-returns the outcome).  Only the FCFS policy, synchronous scheduling (no async placeholders, no
-in-flight tokens) and one sampled token per step are modelled; every choice the real scheduler
+returns the outcome).  Only the FCFS policy and one sampled token per step are modelled, with
+synchronous or async scheduling (``AsyncScheduler`` with a batch queue of two); every choice the real scheduler
 leaves to the world (chunk budgets, accepted drafts, sampled tokens, connector answers, load
 failures) comes from ``choices``, which the Hypothesis state machine backs with draws.
 
@@ -19,14 +19,22 @@ Modelled (0.33 ``schedule()`` / ``update_from_output``):
   tokens appended, verified blocks cached early; resumed decodes padded to ``1 + k``;
 - P/D arrival: ``cache_blocks(num_computed_tokens)`` then the ``num_tokens - 1`` cap; failed loads
   cache the valid prefix or free everything; abort while loading delays the free until arrival;
-- finishing: ``remove_skipped_blocks`` (with a connector) then ``free``.
+- finishing: ``remove_skipped_blocks`` (with a connector) then ``free``;
+- encoder-decoder: the admission that schedules a request's encoder inputs (``num_computed_tokens
+  == 0``) passes their length as ``num_encoder_tokens``; no prefix cache, connector or drafts;
+- async scheduling (``EngineCore.step_with_batch_queue``, two batches in flight): a step's tokens
+  stay in ``num_in_flight_tokens`` until its output is processed, sampling steps add output
+  placeholders, verified blocks are cached on ``num_computed_tokens - num_in_flight_tokens``, a
+  preemption marks the in-flight output stale (delivered, counters untouched) and the request is
+  not resumed before it drains; no connector and no drafts (vLLM defers frees with a consumer
+  connector, which the manager API does not show).
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness import ops as O
@@ -60,6 +68,12 @@ class SchedConfig:
     # --kv-check with window groups: vLLM 0.33 then recomputes tokens whose window blocks it has
     # already dropped (docs/findings.md).
     window_load_recovery: bool = True
+    # vLLM 0.33 ``AsyncScheduler`` (``scheduler_config.async_scheduling``): two batches in flight.
+    async_scheduling: bool = False
+    # An encoder-decoder model (a cross-attention group): encoder inputs are scheduled on admission.
+    encoder_decoder: bool = False
+    # Requests may carry prompt embeddings instead of token ids (the workload's choice).
+    prompt_embeds: bool = False
 
 
 @dataclass
@@ -72,6 +86,19 @@ class SReq(BookRequest):
     aborted: bool = False  # finished while its remote KV was still loading (free delayed)
     sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
     holds_blocks: bool = False  # the manager has allocated for it since its last free
+    num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned
+    num_stale_output_tokens: int = 0  # async: in-flight tokens of steps before a preemption
+
+
+@dataclass
+class Batch:
+    """One ``SchedulerOutput``: tokens per request, the padded and draft-carrying requests, and the
+    requests whose step samples a token (not a partial prefill chunk when scheduled)."""
+
+    scheduled: dict[str, int] = field(default_factory=dict)
+    padded: set[str] = field(default_factory=set)
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    samples: set[str] = field(default_factory=set)
 
 
 class Scheduler:
@@ -85,6 +112,7 @@ class Scheduler:
         self.kv_holding: deque[str] = deque()
         self.running: list[str] = []
         self.loading_aborted: dict[str, SReq] = {}
+        self.in_flight: deque[Batch] = deque()  # async: batches whose output is not processed yet
         self.counts: Counter[str] = Counter()
         self._next_id = 0
 
@@ -110,6 +138,10 @@ class Scheduler:
         if r.num_computed_tokens != n:
             self._change(r, O.SetNumComputedTokens(r.request_id, n))
 
+    def _set_in_flight(self, r: SReq, n: int) -> None:
+        if r.num_in_flight_tokens != n:
+            self._change(r, O.SetNumInFlightTokens(r.request_id, n))
+
     def _set_status(self, r: SReq, status: RequestStatus) -> None:
         if r.status != status:
             self._change(r, O.SetStatus(r.request_id, status.value))
@@ -133,25 +165,32 @@ class Scheduler:
         self._set_status(r, RequestStatus.PREEMPTED)
         self._set_computed(r, 0)
         self._set_spec(r, ())
+        # Async: in-flight output turns stale (delivered later, counters untouched).
+        r.num_stale_output_tokens = r.num_in_flight_tokens
+        r.num_output_placeholders = 0
         r.num_preemptions += 1
         self.waiting.appendleft(r.request_id)
         self.counts["preempt"] += 1
 
     def finish(self, rid: str) -> None:
-        """A running request stops (EOS / max tokens): its blocks are freed."""
-        r = self.reqs.pop(rid)
-        self.running.remove(rid)
-        self._free(r)
+        """A request stops (EOS / max tokens; under async scheduling stale output of a preempted,
+        waiting request can stop it too): its blocks are freed."""
+        self._free(self._remove(rid))
         self.counts["finish"] += 1
 
-    def abort(self, rid: str) -> None:
-        """``finish_requests(ABORTED)`` for a request in any queue."""
+    def _remove(self, rid: str) -> SReq:
+        """Take a request out of the scheduler, whatever queue holds it."""
         r = self.reqs.pop(rid)
         if rid in self.running:
             self.running.remove(rid)
         for q in (self.waiting, self.kv_holding):
             if rid in q:
                 q.remove(rid)
+        return r
+
+    def abort(self, rid: str) -> None:
+        """``finish_requests(ABORTED)`` for a request in any queue."""
+        r = self._remove(rid)
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.recv == "pending":
             # The load was posted and has not finished: free only on arrival (vLLM delays it).
             if self.cfg.connector and r.holds_blocks:
@@ -183,23 +222,40 @@ class Scheduler:
     # --- one engine step -----------------------------------------------------------------------
 
     def step(self) -> None:
-        """``schedule()``, the forward pass, ``update_from_output``."""
-        scheduled, pad = self.schedule()
-        self.update_from_output(scheduled, pad)
+        """One engine step: ``schedule()``, the forward pass, ``update_from_output`` (synchronous),
+        or ``EngineCore.step_with_batch_queue`` under async scheduling."""
+        if self.cfg.async_scheduling:
+            self._step_with_batch_queue()
+        else:
+            self.update_from_output(self.schedule())
         self.counts["step"] += 1
 
-    def schedule(self) -> tuple[dict[str, int], set[str]]:
+    def _step_with_batch_queue(self) -> None:
+        """vLLM 0.33 ``EngineCore.step_with_batch_queue`` (queue of 2): schedule a batch while the
+        queue has room and requests remain, else process the oldest batch's output."""
+        if self.reqs:
+            self.in_flight.append(self.schedule())
+            if len(self.in_flight) < 2:
+                return
+        elif not self.in_flight:
+            return
+        self.update_from_output(self.in_flight.popleft())
+
+    def schedule(self) -> Batch:
         cfg = self.cfg
         budget = self.ch.integer(1, cfg.token_budget, "token_budget", boundary=cfg.block_size)
-        scheduled: dict[str, int] = {}
-        padded: set[str] = set()
-        self.scheduled_drafts: dict[str, tuple[int, ...]] = {}
+        batch = Batch()
+        scheduled, padded = batch.scheduled, batch.padded
         preempted = False
         prefill_scheduled = False
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.reqs[self.running[i]]
-            n = min(r.num_tokens_with_spec - r.num_computed_tokens, budget, cfg.max_model_len - r.num_computed_tokens - 1)
+            n = min(
+                r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens,
+                budget,
+                cfg.max_model_len - r.num_computed_tokens - 1,
+            )
             if n <= 0:
                 i += 1
                 continue
@@ -223,15 +279,26 @@ class Scheduler:
             if r.spec_token_ids:
                 k = n + r.num_computed_tokens - r.num_tokens
                 if k > 0:
-                    self.scheduled_drafts[r.request_id] = r.spec_token_ids[:k]
+                    batch.drafts[r.request_id] = r.spec_token_ids[:k]
                 self._set_spec(r, ())
         if not preempted:
             self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
-        # _update_after_schedule: the computed count advances by what was scheduled.
-        for rid, n in scheduled.items():
+        self._update_after_schedule(batch)
+        return batch
+
+    def _update_after_schedule(self, batch: Batch) -> None:
+        """vLLM 0.33 ``_update_after_schedule`` (+ ``AsyncScheduler``'s): the computed and in-flight
+        counts advance by what was scheduled; a step that is no prefill chunk samples a token,
+        which async scheduling counts as an output placeholder until it returns."""
+        for rid, n in batch.scheduled.items():
             r = self.reqs[rid]
             self._set_computed(r, r.num_computed_tokens + n)
-        return scheduled, padded
+            if self.cfg.async_scheduling:
+                self._set_in_flight(r, r.num_in_flight_tokens + n)
+            if r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
+                batch.samples.add(rid)
+                if self.cfg.async_scheduling:
+                    r.num_output_placeholders += 1
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
         cfg = self.cfg
@@ -242,6 +309,10 @@ class Scheduler:
             if not queue or len(self.running) >= cfg.max_num_seqs:
                 break
             r = self.reqs[queue[0]]
+            if r.num_stale_output_tokens:
+                # Async: deliverable stale output still in flight; resuming could resample it.
+                (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
+                continue
             if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 if r.recv == "pending":
                     (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
@@ -284,6 +355,7 @@ class Scheduler:
                     num_lookahead_tokens=0 if load_async else cfg.num_lookahead_tokens,
                     num_external_computed_tokens=ext,
                     delay_cache_blocks=load_async,
+                    num_encoder_tokens=self._encoder_tokens(r, num_computed),
                     full_sequence_must_fit=cfg.reserve_full_isl,
                     has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
                 )
@@ -318,6 +390,14 @@ class Scheduler:
         for rid in reversed(skipped_holding):
             self.kv_holding.appendleft(rid)
 
+    def _encoder_tokens(self, r: SReq, num_computed: int) -> int:
+        """vLLM 0.33 ``_try_schedule_encoder_inputs`` for an encoder-decoder model: the encoder
+        inputs (all at position 0) are scheduled while no decoder token is computed, and their
+        embeddings are passed as ``num_encoder_tokens``; later steps pass 0."""
+        if not self.cfg.encoder_decoder or num_computed > 0:
+            return 0
+        return sum(m.length for m in r.mm_features)
+
     def _ask_connector(self, r: SReq, local: int) -> tuple[int, bool]:
         """``get_num_new_matched_tokens``: how many more prompt tokens a remote holds, sync or async."""
         room = r.num_tokens - local
@@ -348,10 +428,49 @@ class Scheduler:
         self._set_status(r, RequestStatus.PREEMPTED if r.num_preemptions else RequestStatus.WAITING)
         self.counts["promote_after_load"] += 1
 
-    def update_from_output(self, scheduled: dict[str, int], padded: set[str]) -> None:
+    def update_from_output(self, batch: Batch) -> None:
+        """vLLM 0.33 ``update_from_output`` for one batch (synchronous or async scheduling)."""
+        if self.cfg.async_scheduling:
+            self._update_from_async_output(batch)
+        else:
+            self._update_from_sync_output(batch)
+
+    def _update_from_async_output(self, batch: Batch) -> None:
+        """Async scheduling: each request's in-flight count drops by its share of the batch; output
+        of a step from before a preemption is stale (delivered, counters untouched)."""
+        for rid, n in batch.scheduled.items():
+            r = self.reqs.get(rid)
+            if r is None:
+                continue  # finished or aborted while the step was in flight: output dropped
+            self._set_in_flight(r, r.num_in_flight_tokens - n)
+            stale = r.num_stale_output_tokens > 0
+            if stale:
+                r.num_stale_output_tokens -= n
+                self.counts["stale_output"] += 1
+            if rid in batch.samples:
+                self._take_async_token(r, stale)
+
+    def _take_async_token(self, r: SReq, stale: bool) -> None:
+        """``_update_request_with_output`` under async scheduling: append the sampled token; a fresh
+        one resolves a placeholder and caches the verified blocks of a running request on the
+        processed basis (``num_computed_tokens - num_in_flight_tokens``)."""
+        running = r.status == RequestStatus.RUNNING
+        if r.num_tokens < self.cfg.max_model_len:
+            self._change(r, O.AppendOutputTokens(r.request_id, (self.ch.token("sampled"),)))
+        if not stale and r.num_output_placeholders > 0:
+            r.num_output_placeholders -= 1
+            if running:
+                self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens - r.num_in_flight_tokens))
+                self.counts["early_cache"] += 1
+        if r.num_tokens >= self.cfg.max_model_len:
+            self.finish(r.request_id)
+            self.counts["finish_max_model_len"] += 1
+
+    def _update_from_sync_output(self, batch: Batch) -> None:
         """Rejections roll back, sampled tokens are appended (hashing full blocks), verified blocks
         are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
         cfg = self.cfg
+        scheduled, padded = batch.scheduled, batch.padded
         for rid in list(scheduled):
             r = self.reqs.get(rid)
             if r is None or rid not in self.running:
@@ -362,7 +481,7 @@ class Scheduler:
             r.sync_ext_this_step = 0
             if r.num_computed_tokens < r.num_tokens:
                 continue  # a partial prefill chunk samples nothing
-            drafts = self.scheduled_drafts.get(rid, ())
+            drafts = batch.drafts.get(rid, ())
             if rid in padded:
                 drafts = (-1,) * cfg.num_spec_tokens
             accepted = 0
@@ -427,4 +546,4 @@ class Scheduler:
         return [rid for rid, r in self.reqs.items() if r.recv == "pending"] + list(self.loading_aborted)
 
     def idle(self) -> bool:
-        return not self.reqs and not self.loading_aborted
+        return not self.reqs and not self.loading_aborted and not self.in_flight

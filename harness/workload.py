@@ -11,9 +11,10 @@ state machine (``harness.machine``, so examples shrink), or by a seeded ``random
 from __future__ import annotations
 
 import random
+import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from harness import ops as O
@@ -28,6 +29,14 @@ MM_ITEM_LENGTHS = {"img-a": 2, "img-b": 5}  # multimodal items: identifier -> pl
 LORAS = (("sql", "/loras/sql"), ("chat", "/loras/chat"))
 CACHE_SALTS = ("tenant-a", "tenant-b")
 FEATURES = ("lora", "cache_salt", "mm", "prompt_logprobs")  # features 1..4 of a request (0, 5-7: none)
+PROMPT_EMBEDS_FEATURE = 5  # with the prompt_embeds workload feature: an embeddings-only prompt
+EMBED_DIM = 2  # float32 elements per prompt_embeds row
+
+
+def embed_row(token: int) -> str:
+    """The prompt_embeds row standing for ``token`` (hex of float32 little-endian): equal tokens
+    give equal rows, so embedding prompts share prefixes exactly as token prompts do."""
+    return struct.pack(f"<{EMBED_DIM}f", *(token * (i + 1) / 4 for i in range(EMBED_DIM))).hex()
 
 
 class Choices(Protocol):
@@ -79,9 +88,40 @@ class SeededChoices:
         return self.rng.choice(list(options))
 
 
-def draw_sched_config(ch: Choices, config: KVCacheConfig, *, kv_check: bool = False) -> SchedConfig:
+def draw_sched_config(
+    ch: Choices, config: KVCacheConfig, *, kv_check: bool = False, features: frozenset[str] = frozenset()
+) -> SchedConfig:
     """The scheduler knobs of one run.  Under ``kv_check`` window groups avoid the two load paths
-    where vLLM 0.33 computes wrong numbers (docs/findings.md)."""
+    where vLLM 0.33 computes wrong numbers (docs/findings.md).  ``features`` are the family's
+    workload features (``harness.families.workload_features``)."""
+    sc = _draw_base_sched_config(ch, config, kv_check)
+    return _engine_mode(sc, config, features)
+
+
+def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str]) -> SchedConfig:
+    """The family's engine features, applied after the common draws (so every run without them
+    draws and emits exactly as before):
+
+    - ``encoder_decoder`` (a config with a cross-attention group): vLLM 0.33 runs encoder-decoder
+      models without KV connectors (the scheduler asserts) and, here, without drafts;
+    - ``async_scheduling``: vLLM 0.33 ``VllmConfig.max_in_flight_tokens`` is
+      ``max_concurrent_batches (2) * max_num_batched_tokens``, so the budget is half of the config's
+      ``max_in_flight_tokens``; no connector (a consumer connector defers block frees outside the
+      manager API), no drafts;
+    - ``prompt_embeds``: requests may carry prompt embeddings."""
+    encoder_decoder = "encoder_decoder" in features
+    async_scheduling = "async_scheduling" in features
+    if encoder_decoder or async_scheduling:
+        sc = replace(sc, connector=False, num_spec_tokens=0, num_lookahead_tokens=0)
+    if async_scheduling and config.max_in_flight_tokens is not None:
+        sc = replace(sc, token_budget=max(1, config.max_in_flight_tokens // 2))
+    return replace(
+        sc, async_scheduling=async_scheduling, encoder_decoder=encoder_decoder, prompt_embeds="prompt_embeds" in features
+    )
+
+
+def _draw_base_sched_config(ch: Choices, config: KVCacheConfig, kv_check: bool) -> SchedConfig:
+    """The knobs every family draws, in their historical order."""
     bs = config.scheduler_block_size
     k = ch.choice((0, 0, 1, 2, 3), "num_spec_tokens")
     windowed = any(g.kind != "full" for g in config.groups)
@@ -174,6 +214,13 @@ class Workload:
                 mm = (O.MMFeatureSpec(ident, ch.integer(0, len(prompt) - length, "mm_offset"), length),)
         if 1 <= features <= len(FEATURES):
             self.counts[f"feature_{FEATURES[features - 1]}"] += 1
+        embeds = None
+        if self.sched.cfg.prompt_embeds and features == PROMPT_EMBEDS_FEATURE:
+            # vLLM 0.33: an embeddings-only prompt has no token ids; all_token_ids are zeros.
+            embeds, prompt = tuple(embed_row(t) for t in prompt), (0,) * len(prompt)
+            self.counts["feature_prompt_embeds"] += 1
+        if self.sched.cfg.encoder_decoder:
+            mm = (self.encoder_input(ch),)
         op = O.AddRequest(
             self.sched.new_request_id(),
             prompt,
@@ -181,8 +228,17 @@ class Workload:
             mm_features=mm,
             cache_salt=cache_salt,
             skip_reading_prefix_cache=features == 4,  # prompt logprobs: never reads the prefix cache
+            prompt_embeds=embeds,
         )
         self.sched.add_request(op)
+
+    def encoder_input(self, ch: Choices) -> O.MMFeatureSpec:
+        """An encoder-decoder request's encoder input (e.g. Whisper's audio): one item at position
+        0 whose length is the number of encoder tokens the cross-attention group stores."""
+        bs = self.config.scheduler_block_size
+        n = ch.integer(1, self.config.max_model_len, "encoder_len", boundary=bs)
+        self.counts["encoder_input"] += 1
+        return O.MMFeatureSpec(f"audio-{n}", 0, n)
 
     def step(self, ch: Choices) -> None:
         """One engine step: ``schedule()``, the forward pass, ``update_from_output``."""
@@ -248,6 +304,7 @@ def run_seeded(
     *,
     kv_check: bool = False,
     on_op: Callable[[O.Op, Any], None] | None = None,
+    features: frozenset[str] = frozenset(),
 ) -> Workload:
     """Reset ``target`` and drive it alone through ``actions`` workload actions chosen by a
     ``random.Random(seed)``; exceptions of the target propagate.  ``on_op(op, outcome)`` sees
@@ -262,7 +319,8 @@ def run_seeded(
         return out
 
     target.reset(config)
-    w = Workload(config, draw_sched_config(ch, config, kv_check=kv_check), emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
+    sc = draw_sched_config(ch, config, kv_check=kv_check, features=features)
+    w = Workload(config, sc, emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
     for _ in range(actions):
         enabled = [a for a in ACTIONS if a.enabled(w)]
         w.run(rng.choices(enabled, weights=[a.weight for a in enabled])[0].name, ch)

@@ -84,7 +84,10 @@ def make_request(
     if any(not isinstance(t, int) or isinstance(t, bool) for t in prompt_token_ids):
         raise ValueError(f"request {request_id!r}: prompt token ids must be ints")
     features = HashFeatures(
-        lora=lora, mm_features=tuple(sorted(mm_features, key=lambda m: m.offset)), cache_salt=cache_salt
+        lora=lora,
+        mm_features=tuple(sorted(mm_features, key=lambda m: m.offset)),
+        cache_salt=cache_salt,
+        prompt_embeds=None if prompt_embeds is None else tuple(prompt_embeds),
     )
     req = Request(
         request_id=RequestId(request_id),

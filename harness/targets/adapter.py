@@ -151,6 +151,7 @@ _DISPATCH: dict[type, Callable[[ManagerAdapter[Any], Any], Any]] = {
     O.AppendOutputTokens: _update_request,
     O.SetSpecTokens: _update_request,
     O.SetNumComputedTokens: _update_request,
+    O.SetNumInFlightTokens: _update_request,
     O.SetStatus: _update_request,
     O.GetComputedBlocks: _get_computed_blocks,
     O.AllocateSlots: _allocate_slots,

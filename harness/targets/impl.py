@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.book import BookRequest
 from harness.observation import Observation
-from harness.ops import AllocateSlots, AppendOutputTokens, Op, SetNumComputedTokens, SetStatus
+from harness.ops import AllocateSlots, AppendOutputTokens, Op, SetNumComputedTokens, SetNumInFlightTokens, SetStatus
 from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported
 from impl import allocator as alloc
@@ -78,6 +78,8 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             self._hasher.extend(native.block_hashes, native.all_token_ids, r.lora, mm, r.cache_salt)
 
     def new_request(self, r: BookRequest) -> alloc.Request:
+        if r.prompt_embeds is not None:
+            raise Unsupported("impl's block hasher (impl/hashing.py) has no prompt_embeds extra keys")
         native = alloc.Request(
             request_id=r.request_id,
             all_token_ids=list(r.prompt_token_ids),
@@ -95,6 +97,8 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             native.num_computed_tokens = op.num_computed_tokens
         elif isinstance(op, SetStatus):
             native.status = op.status
+        elif isinstance(op, SetNumInFlightTokens) and op.num_in_flight_tokens:
+            raise Unsupported("impl.allocator's Request has no num_in_flight_tokens (async scheduling)")
         # drafts: the allocator reads only their count, through allocate_slots' arguments
         return native
 

@@ -21,6 +21,7 @@ from spec import request as rq
 from spec.config import KVCacheConfig
 from spec.events import Event
 from spec.hashing import MMFeature
+from spec.types import TokenCount
 
 
 class SpecTarget(ManagerAdapter[rq.Request]):
@@ -73,6 +74,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             lora=r.lora,
             mm_features=tuple(MMFeature(m.identifier, m.offset, m.length) for m in r.mm_features),
             cache_salt=r.cache_salt,
+            prompt_embeds=None if r.prompt_embeds is None else tuple(bytes.fromhex(row) for row in r.prompt_embeds),
             skip_reading_prefix_cache=r.skip_reading_prefix_cache,
         )
 
@@ -83,6 +85,9 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             return rq.with_spec_token_ids(native, op.token_ids)
         if isinstance(op, O.SetStatus):
             return rq.with_status(native, rq.RequestStatus(op.status))
+        if isinstance(op, O.SetNumInFlightTokens):
+            # vLLM 0.33 async scheduling; spec.request has no setter (the field defaults to 0).
+            return dataclasses.replace(native, num_in_flight_tokens=TokenCount(op.num_in_flight_tokens))
         assert isinstance(op, O.SetNumComputedTokens)
         n = op.num_computed_tokens
         if n > native.num_tokens_with_spec and n >= 0:

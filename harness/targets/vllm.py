@@ -32,6 +32,7 @@ from harness.ops import (
     MMFeatureSpec,
     Op,
     SetNumComputedTokens,
+    SetNumInFlightTokens,
     SetSpecTokens,
     SetStatus,
 )
@@ -210,9 +211,12 @@ class VllmTarget(ManagerAdapter[Any]):
             lora_name, lora_path = r.lora  # passed through untouched: sha256 pickles these very objects
             lora_int_id = self._lora_ids.setdefault(lora_name, len(self._lora_ids) + 1)
             lora = v.LoRARequest(lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
+        embeds = _make_prompt_embeds(v, r.prompt_embeds)
         request = v.Request(
             request_id=r.request_id,
-            prompt_token_ids=list(r.prompt_token_ids),
+            # A pure-embeddings prompt reaches vLLM without token ids (all_token_ids become zeros).
+            prompt_token_ids=None if embeds is not None and not any(r.prompt_token_ids) else list(r.prompt_token_ids),
+            prompt_embeds=embeds,
             # prompt_logprobs makes SamplingParams set skip_reading_prefix_cache (vLLM 0.33 __post_init__)
             sampling_params=v.SamplingParams(max_tokens=16, prompt_logprobs=1 if r.skip_reading_prefix_cache else None),
             pooling_params=None,
@@ -237,6 +241,8 @@ class VllmTarget(ManagerAdapter[Any]):
             request.spec_token_ids = list(op.token_ids)
         elif isinstance(op, SetNumComputedTokens):
             request.num_computed_tokens = op.num_computed_tokens
+        elif isinstance(op, SetNumInFlightTokens):
+            request.num_in_flight_tokens = op.num_in_flight_tokens
         elif isinstance(op, SetStatus):
             request.status = self._v.RequestStatus[op.status]
         return request
@@ -353,6 +359,15 @@ def _make_mm_feature(v: SimpleNamespace, m: MMFeatureSpec) -> Any:
         identifier=m.identifier,
         mm_position=v.PlaceholderRange(offset=m.offset, length=m.length),
     )
+
+
+def _make_prompt_embeds(v: SimpleNamespace, rows: tuple[str, ...] | None) -> Any:
+    """The ``prompt_embeds`` tensor (float32, one row per prompt position) whose raw bytes are the
+    hex rows: vLLM 0.33 hashes ``tensor_data(prompt_embeds[start:end])``, i.e. exactly these bytes."""
+    if rows is None:
+        return None
+    raw = bytearray(b"".join(bytes.fromhex(row) for row in rows))
+    return v.torch.frombuffer(raw, dtype=v.torch.float32).reshape(len(rows), -1)
 
 
 def _block_ids(blocks: Any) -> list[list[int]]:

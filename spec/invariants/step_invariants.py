@@ -263,12 +263,14 @@ def window_blocks_released(s: StepContext) -> str | None:
         req = s.request
         assert req is not None
         rid = req.request_id
-        processed = min(
+        total = min(
             req.num_computed_tokens
             + s.args.get("num_new_computed_tokens", 0)
             + s.args.get("num_external_computed_tokens", 0),
             s.before.config.max_model_len,
         )
+        # Tokens still in flight (async scheduling) may yet be read: the processed basis (§3.1).
+        processed = max(0, total - req.num_in_flight_tokens)
     for gid, spec in enumerate(s.before.config.groups):
         if spec.kind == "sliding_window":
             assert spec.sliding_window is not None
