@@ -11,9 +11,10 @@ from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, UNKNOWN, Claim,
 
 
 def all_claims() -> list[Claim]:
-    from harness.proofs import allocation, hybrid, keys, pool, windows
+    from harness.proofs import allocation, coverage, coverage_failures, hybrid, keys, pool, windows
 
-    return [*allocation.CLAIMS, *windows.CLAIMS, *hybrid.CLAIMS, *pool.CLAIMS, *keys.CLAIMS]
+    return [*allocation.CLAIMS, *windows.CLAIMS, *coverage.CLAIMS, *coverage_failures.CLAIMS, *hybrid.CLAIMS,
+            *pool.CLAIMS, *keys.CLAIMS]
 
 
 def prove_main(argv: list[str]) -> int:

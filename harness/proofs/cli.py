@@ -48,7 +48,8 @@ def select(names: list[str], claims: list[Claim]) -> list[Claim]:
 
 def _row(r: Result) -> str:
     if r.outcome.status == PROVEN:
-        where = f"  ({r.outcome.detail})" if r.outcome.detail else ""
+        one_line = r.outcome.detail and "\n" not in r.outcome.detail
+        where = f"  ({r.outcome.detail})" if one_line else ""
     else:
         where = f"  [{r.outcome.goal}]" if r.outcome.goal else ""
     return f"{r.claim.name:44s} {r.outcome.status:15s} {r.seconds:7.2f}s{where}"
@@ -84,6 +85,9 @@ def prove_main(argv: list[str]) -> int:
         r = run_claim(claim, args.timeout)
         results.append(r)
         print(_row(r), flush=True)
+        if r.outcome.status == PROVEN and "\n" in r.outcome.detail:  # derived conditions and examples
+            for line in r.outcome.detail.splitlines():
+                print(f"    {line}", flush=True)
         if r.outcome.status in (COUNTEREXAMPLE, REFUTED):
             scenario = claim.to_trace(r.outcome.model) if claim.to_trace and r.outcome.model else None
             folder = write_report(Path(args.out), claim.name, r.outcome, scenario)

@@ -9,6 +9,7 @@ import pytest
 import z3
 
 from harness.proofs import COUNTEREXAMPLE, PROVEN, REFUTED, all_claims, run_claim, windows
+from harness.proofs import coverage_failures as cov
 from harness.proofs import keys as key_claims
 from harness.proofs import pool as pool_claims
 from spec import arith, block_pool, coordinator, hashing, types
@@ -119,6 +120,26 @@ MUTANTS: list[Mutant] = [
      arith, "get_chunked_local_num_skipped_tokens", lambda n, C: arith.maximum(0, arith.align_down(n - 1, C))),
     ("chunked_local.hit_start", "chunk of max_length + 1",
      arith, "get_chunked_local_hit_start", lambda ml, C: arith.align_down(ml + 1, C)),
+    ("window_coverage.holds", "sliding-window skip n - W + 2 (nulls the block of the window's first token)",
+     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W + 2)),
+    ("window_coverage.holds", "chunked-local skip of n + 1's chunk",
+     arith, "get_chunked_local_num_skipped_tokens", lambda n, C: arith.align_down(n + 1, C)),
+    ("window_coverage.holds", "sliding-window hit ends with one block fewer than cdiv(W - 1, bs)",
+     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.maximum(0, arith.cdiv(W - 1, bs) - 1)),
+    ("window_coverage.full_remote_load", "condition off by one: (T - W) % B == 0",
+     cov, "full_load_condition", lambda kind, T, a, b: cov._and(T - a >= b, (T - a) % b == 0) if kind == "sliding_window"
+     else cov._and(T % a == 0, T >= a, T % b < a) if kind == "chunked_local" else False),
+    ("window_coverage.full_remote_load", "sliding-window skip n - W (keeps one token more: no violation left)",
+     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W)),
+    ("window_coverage.invalid_block_recovery", "condition off by one: (i - z) * B <= W - 1",
+     cov, "invalid_block_condition", lambda kind, T0, i, a, b: cov._and(T0 - a + 1 >= b,
+     (i - cov._fdiv(T0 - a + 1, b)) * b <= a - 1) if kind == "sliding_window" else False),
+    ("window_coverage.invalid_block_recovery", "sliding-window skip n - W + 2",
+     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W + 2)),
+    ("window_coverage.chunk_not_block_multiple", "condition off by one: h + e <= ceil(h / C) * C",
+     cov, "chunk_condition", lambda h, e, r, C: cov._and(r == 0, h + e <= cov._fdiv(h + C - 1, C) * C)),
+    ("window_coverage.chunk_not_block_multiple", "chunked hit start of max_length + 1",
+     arith, "get_chunked_local_hit_start", lambda ml, C: arith.align_down(ml + 1, C)),
     ("hit_search.per_group", "sliding window needs (W - 1) // bs blocks",
      arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.floordiv(W - 1, bs)),
     ("hit_search.per_group", "full-attention hit not rounded to the alignment",
@@ -196,3 +217,27 @@ def test_weak_key_witnesses_replay_on_ints() -> None:
         a, b = outcome.model["tokens_a"], outcome.model["tokens_b"]
         assert a != b and fn(a) == fn(b)
         assert all(0 <= t < 1 << key_claims.VOCAB_BITS for t in a + b)
+
+
+def test_derived_conditions_match_the_spec_on_ints() -> None:
+    """The proven conditions agree with the spec's composition evaluated on small ints (no local hit)."""
+    for T in range(1, 41):
+        for a in range(1, 11):
+            for b in range(1, 7):
+                for kind in ("sliding_window", "chunked_local"):
+                    assert cov.full_load_violation(kind, T, a, b) == cov.full_load_condition(kind, T, a, b)
+                    for i in cov.loaded_blocks(kind, T, a, b):
+                        if kind == "sliding_window" or a % b == 0:
+                            assert cov.invalid_block_violation(kind, T, i, a, b) == cov.invalid_block_condition(
+                                kind, T, i, a, b)
+                hz = (T - 1) // a * a // b
+                assert cov.chunk_violation(T, a, b) == cov.chunk_condition(hz * b, 0, 0, a)
+
+
+def test_full_remote_load_reports_the_realistic_sizes() -> None:
+    outcome = run_claim(CLAIMS["window_coverage.full_remote_load"], timeout_s=60).outcome
+    assert outcome.status == PROVEN
+    assert outcome.model["sliding_window_W4096_B16"]["first"] == [4111, 4127, 4143]
+    assert outcome.model["sliding_window_W128_B16"]["first"][0] == 143
+    assert outcome.model["chunked_local_C8192_B16"] == {"count": 16, "first": [8192, 16384, 24576], "n": 131072}
+    assert "T=4111" not in outcome.detail and "4111" in outcome.detail

@@ -1,0 +1,172 @@
+"""vLLM's real ``Scheduler`` on CPU with a stub KV connector: the shared setup of the upstream
+reproductions in this folder.  Only vLLM's own classes are used (nothing from kvspec), so each test
+file plus this module can be handed to vLLM as is.
+
+- The model is a tiny Llama ``config.json`` written at run time (no weights; ``ModelConfig`` only
+  inspects the architecture, which imports ``einops``).  ``DeviceConfig(device="cpu")``.
+- The KV-cache groups are given directly (``KVCacheConfig``), so any mix of full, sliding-window and
+  chunked-local groups can be tried on one config.
+- ``WholePromptConnector`` is the scheduler side of a P/D consumer written against vLLM's connector
+  base API: a request whose ``kv_transfer_params`` carry ``{"load": n}`` gets its tokens up to ``n``
+  loaded (asynchronously by default, as NIXL does for ``do_remote_prefill``); the test completes the
+  load by returning the request in ``KVConnectorOutput.finished_recving``.
+- What a query reads (vLLM's attention kernels): the query at position ``p`` of a sliding-window
+  layer reads ``[p - W + 1, p]`` (FlashAttention ``window_size = (W - 1, 0)``); of a chunked-local
+  layer ``[p // C * C, p]``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import vllm
+from packaging.version import Version
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK = 16
+NUM_BLOCKS = 2048
+MAX_MODEL_LEN = 16384
+VLLM_VERSION = Version(vllm.__version__)
+KNOWN_AFFECTED = VLLM_VERSION <= Version("0.33.0")
+"""Versions on which the reproductions were run and fail (0.33.0); a later version runs them as
+plain tests, so a fix shows as XPASS (strict: a failure to act on) and a still-broken newer version
+fails loudly until this bound is moved."""
+
+
+class WholePromptConnector(KVConnectorBase_V1, SupportsHMA):
+    """Scheduler side of a P/D consumer: loads ``kv_transfer_params["load"]`` tokens (async unless
+    ``"sync": True``), like NIXL's ``do_remote_prefill`` which loads the whole prompt."""
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params or {}
+        count = max(0, int(params.get("load", 0)) - num_computed_tokens)
+        return count, count > 0 and not params.get("sync", False)
+
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]) -> tuple[bool, None]:
+        return False, None
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+
+@cache
+def vllm_config(attention_chunk_size: int | None = None) -> VllmConfig:
+    """One tiny-Llama config per chunk size (``config.json`` written to a temporary folder)."""
+    model_dir = Path(tempfile.mkdtemp(prefix="upstream-tiny-llama-"))
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "vocab_size": 1000, "max_position_embeddings": MAX_MODEL_LEN}
+    if attention_chunk_size is not None:
+        hf["attention_chunk_size"] = attention_chunk_size
+    (model_dir / "config.json").write_text(json.dumps(hf))
+    model = ModelConfig(model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True,
+                        max_model_len=MAX_MODEL_LEN)
+    cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
+    cache.num_gpu_blocks = NUM_BLOCKS
+    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
+                            enable_chunked_prefill=True, is_encoder_decoder=False)
+    transfer = KVTransferConfig(kv_connector="WholePromptConnector", kv_role="kv_consumer",
+                                kv_connector_module_path=__name__, kv_load_failure_policy="recompute")
+    init_none_hash(sha256)
+    return VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
+                      device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
+
+
+def full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+
+
+def sliding_window(window: int) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                             sliding_window=window)
+
+
+def chunked_local(chunk: int) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                                     attention_chunk_size=chunk)
+
+
+def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None) -> Scheduler:
+    """The real Scheduler (and KVCacheManager) with one KV-cache group per spec."""
+    vc = config or vllm_config()
+    groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
+    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    return Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
+                     structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
+
+
+def request(rid: str, num_tokens: int, load: int | None = None, sync: bool = False) -> Request:
+    req = Request(request_id=rid, prompt_token_ids=list(range(1, num_tokens + 1)),
+                  sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                  block_hasher=get_request_block_hasher(BLOCK, sha256))
+    if load is not None:
+        req.kv_transfer_params = {"load": load, "sync": sync}
+    return req
+
+
+def finish_loads(sched: Scheduler, out: SchedulerOutput, *rids: str, invalid: set[int] | None = None) -> None:
+    """The worker's report for ``out``: the loads of ``rids`` are done (some blocks invalid)."""
+    kv = KVConnectorOutput(finished_recving=set(rids), invalid_block_ids=invalid or set())
+    sched.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[],
+                                                    kv_connector_output=kv))
+
+
+def computed_step(sched: Scheduler, out: SchedulerOutput, rid: str) -> tuple[int, int, tuple[list[int], ...]]:
+    """(first position computed, tokens scheduled, block table per group) of ``rid`` in ``out``, as the
+    worker receives them (a request resuming from a load is sent as a new request)."""
+    new = [r for r in out.scheduled_new_reqs if r.req_id == rid]
+    assert new, f"{rid} is not (re)started in this step: {out.num_scheduled_tokens}"
+    return new[0].num_computed_tokens, out.num_scheduled_tokens[rid], new[0].block_ids
+
+
+def null_reads(sched: Scheduler, start: int, tables: tuple[list[int], ...]) -> list[tuple[int, int]]:
+    """(group, position) of every position the query at ``start`` reads through the null block."""
+    null = sched.kv_cache_manager.block_pool.null_block.block_id
+    out = []
+    for gid, table in enumerate(tables):
+        spec = sched.kv_cache_config.kv_cache_groups[gid].kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            first = max(0, start - spec.sliding_window + 1)
+        elif isinstance(spec, ChunkedLocalAttentionSpec):
+            first = start // spec.attention_chunk_size * spec.attention_chunk_size
+        else:
+            first = 0
+        out += [(gid, q) for q in range(first, start + 1) if table[q // BLOCK] == null]
+    return out
