@@ -4,15 +4,16 @@
   found, 1 if a report was written, 2 on bad usage or a target that cannot be loaded;
 - ``kvspec replay PATH...``: exit 0 if every trace behaves as recorded, 1 otherwise, 2 on a bad file;
 - ``kvspec report PATH``: print the report of a trace;
+- ``kvspec mutants [--target T]``: the deliberate-bug campaign (``harness.campaign``); exit 1 if one survives;
 - ``kvspec prove ...``: the Z3 proofs (``harness.proofs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
-from collections import Counter
 from typing import Any
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -38,13 +39,22 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--shrink-seconds", type=int, default=60, help="time bound for shrinking a finding")
     f.add_argument("--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)")
     f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle.py)")
+    f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger.py; on by default)")
+    f.add_argument("--db", default=None, help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)")
+    f.add_argument("--workers", type=int, default=1, help="N processes, one Hypothesis engine each, on the one database; the first finding stops all")
+    f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
     r = sub.add_parser("replay", help="replay traces (files or folders); exit 1 if any departs from its record")
     r.add_argument("paths", nargs="+")
     r.add_argument("--target", default=None, help="replay on this target instead of the recorded one")
     r.add_argument("--step-timeout", type=float, default=10.0)
+    r.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per trace")
     rp = sub.add_parser("report", help="print the report of a trace")
     rp.add_argument("path")
     sub.add_parser("prove", help="run the Z3 proofs", add_help=False)
+    sub.add_parser("pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False)
+    from harness.campaign import add_parser as add_mutants_parser
+
+    add_mutants_parser(sub)
     return p
 
 
@@ -57,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kvspec prove: not available: {e}", file=sys.stderr)
             return EXIT_USAGE
         return int(prove_main(argv[1:]) or 0)
+    if argv and argv[0] == "pd":
+        return pd_cmd(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
@@ -68,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             return replay_cmd(args)
         if args.command == "report":
             return report_cmd(args)
+        if args.command == "mutants":
+            from harness.campaign import mutants_cmd
+
+            return mutants_cmd(args)
     except UsageError as e:
         print(f"kvspec {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -80,12 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 def fuzz(args: argparse.Namespace) -> int:
     from harness.equality import RELATIONS
     from harness.families import parse_families
-    from harness.machine import RunStats, make_machine, run_machine
-    from harness.profiles import profile_settings
-    from harness.report import write_report
-    from harness.mutants import resolve_target
+    from harness.fuzzing import finish_fuzz, fuzz_factory, progress_line, run_fuzz
+    from harness.profiles import check_database, profile_settings
     from harness.targets import TargetLoadError
-    from harness.trace import Trace
 
     try:
         families = parse_families(args.family)
@@ -95,98 +108,57 @@ def fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown relation {args.relation!r} (known: {', '.join(RELATIONS)})")
     if args.seconds <= 0:
         raise UsageError("--seconds must be > 0")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
     try:
+        check_database(args.db)
         profile_settings(args.profile)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.db:
+        os.environ["KVSPEC_DB"] = args.db  # this process' profiles, and the workers it starts
+    if args.no_ledger:
+        os.environ["KVSPEC_LEDGER"] = "0"  # harness.lockstep.ledger_enabled, here and in the workers
     try:
-        factory = resolve_target(args.target)
+        factory = fuzz_factory(args)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
-
-    if args.kv_check:
-        from harness.oracle import KVCheckTarget
-
-        inner_factory = factory
-
-        def factory() -> Any:
-            return KVCheckTarget(inner_factory())
-
-    stats = RunStats()
-    machines = {
-        fam: make_machine(fam, factory, args.target, args.relation, stats, args.step_timeout, kv_check=args.kv_check)
-        for fam in families
-    }
-    covered: Counter[str] = Counter()
     tty = sys.stderr.isatty()
-    start = time.monotonic()
-    stats.started = start
-    deadline = start + args.seconds
-    batch = 0
-    last_print = 0.0
-    found = None
-    while time.monotonic() < deadline and found is None:
-        fam = families[batch % len(families)]
-        seed = args.seed * 1_000_003 + batch
-        batch += 1
-        try:
-            run_machine(machines[fam], profile_settings(args.profile, max_examples=args.batch), seed=seed, shrink_seconds=args.shrink_seconds)
-        except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            found = (fam, seed, e)
-        covered[fam] += 1
-        now = time.monotonic()
-        if tty and now - last_print > 0.5:
-            last_print = now
-            el = now - start
-            print(f"\r{el:6.1f}s  {stats.steps / max(el, 1e-9):8.0f} steps/s  {stats.examples:6d} examples  families {len(covered)}/{len(families)}   ",
-                  end="", file=sys.stderr, flush=True)
-    elapsed = time.monotonic() - start
+    if args.workers > 1:
+        from harness.workers import fuzz_workers
+
+        res = fuzz_workers(args, families, progress=tty)
+    else:
+        last = [0.0]
+
+        def on_batch(r: Any, elapsed: float) -> None:
+            if tty and elapsed - last[0] > 0.5:
+                last[0] = elapsed
+                print(progress_line(elapsed, r, families), end="", file=sys.stderr, flush=True)
+
+        res = run_fuzz(args, families, factory, on_batch=on_batch)
     if tty:
         print(file=sys.stderr)
-    _print_coverage(stats, families, verbose=tty or args.stats)
-    if found is None:
-        print(f"kvspec fuzz: no finding; target {args.target}, {stats.examples} examples, {stats.steps} steps in {elapsed:.1f}s "
-              f"({stats.steps / max(elapsed, 1e-9):.0f} steps/s), families {','.join(families)}")
-        return EXIT_OK
-    fam, seed, exc = found
-    if stats.finding is None or stats.finding_config is None:
-        print(f"kvspec fuzz: the run stopped on {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FOUND
-    trace = Trace(
-        config=stats.finding_config,
-        steps=stats.finding_steps,
-        target_name=args.target,
-        target_version=stats.target_version,
-        seed=seed,
-        profile=args.profile,
-        family=fam,
-        relation=args.relation,
-        finding=stats.finding.to_json(),
-    )
-    path = write_report(args.out, trace)
-    print(f"kvspec fuzz: FOUND {stats.finding.summary()} (first failing example after {stats.first_finding_after or 0:.1f}s, then shrunk)")
-    print(f"kvspec fuzz: report written to {path} after {elapsed:.1f}s ({len(trace.steps)} steps; replay with: kvspec replay {path})")
-    return EXIT_FOUND
+    return finish_fuzz(args, families, res, verbose=tty or args.stats)
 
 
-def _print_coverage(stats: Any, families: list[str], verbose: bool) -> None:
-    if not verbose:
-        return
-    ev = stats.events
-    for fam in families:
-        items = sorted((k.split(":", 1)[1], v) for k, v in ev.items() if k.startswith(fam + ":"))
-        print(f"  {fam}: " + ", ".join(f"{k} {v}" for k, v in items), file=sys.stderr)
+# --- pd ----------------------------------------------------------------------------------------------
+
+
+def pd_cmd(argv: list[str]) -> int:
+    """``kvspec pd check|simulate``: the P/D pre-allocation study (``harness.pd.cli``)."""
+    from harness.pd.cli import main as pd_main
+
+    return pd_main(argv)
 
 
 # --- replay / report ---------------------------------------------------------------------------------
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
+    from harness.mutants import resolve_target
     from harness.ops import TraceFormatError
     from harness.replay import replay
-    from harness.mutants import resolve_target
     from harness.targets import TargetLoadError
     from harness.trace import find_traces, read_trace
 
@@ -197,6 +169,7 @@ def replay_cmd(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     factories: dict[str, object] = {}
     bad = 0
+    cases = []
     for p, trace in traces:
         name = args.target or trace.target_name
         if name not in factories:
@@ -204,10 +177,21 @@ def replay_cmd(args: argparse.Namespace) -> int:
                 factories[name] = resolve_target(name)
             except TargetLoadError as e:
                 raise UsageError(str(e)) from None
+        t0 = time.monotonic()
         result = replay(trace, factories[name], args.step_timeout)  # type: ignore[arg-type]
         print(f"{'ok  ' if result.ok else 'FAIL'} {p}: {result.message}")
         bad += not result.ok
+        cases.append((str(p), name, time.monotonic() - t0, result))
     print(f"kvspec replay: {len(traces) - bad}/{len(traces)} trace(s) behaved as recorded")
+    if args.junit_xml:
+        from harness.junit import Case, write_junit
+
+        write_junit(args.junit_xml, "kvspec replay", [
+            Case(f"kvspec.replay.{target}", path, t) if r.ok else
+            Case(f"kvspec.replay.{target}", path, t, failure=r.message, failure_type=r.finding.kind if r.finding else "error",
+                 details=f"{r.message}\ntrace: {path}\nreplay: kvspec replay {path}\n")
+            for path, target, t, r in cases
+        ], sum(c[2] for c in cases))
     return EXIT_OK if bad == 0 else EXIT_FOUND
 
 

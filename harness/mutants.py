@@ -97,11 +97,28 @@ MUTANT_FAMILIES = {
 }
 
 
+# The modes in which ``kvspec mutants`` runs each one (harness.campaign): ``exact`` as the target
+# against the unmutated spec; ``self`` as the spec itself (reference included), where only the
+# invariants can see it.
+MUTANT_MODES: dict[str, tuple[str, ...]] = {
+    "free_order_appended": ("exact", "self"),
+    "hit_cap_num_tokens": ("exact", "self"),
+    "swa_skip_n_minus_w": ("exact", "self"),
+    "hits_not_touched": ("exact", "self"),
+    "cache_drafts": ("exact", "self"),
+}
+
+
 @contextmanager
-def _patched(module: Any, name: str, wrapper: Callable[..., Any]) -> Iterator[None]:
+def _patched(module: Any, name: str, wrapper: Callable[..., Any], keep: tuple[str, ...] = ()) -> Iterator[None]:
+    """``module.name`` replaced by ``wrapper(original)`` in every ``spec.*`` module holding it, except
+    the modules under the prefixes ``keep``."""
     original = getattr(module, name)
     replacement = wrapper(original)
-    holders = [m for n, m in list(sys.modules.items()) if (n == "spec" or n.startswith("spec.")) and getattr(m, name, None) is original]
+    holders = [
+        m for n, m in list(sys.modules.items())
+        if (n == "spec" or n.startswith("spec.")) and not n.startswith(keep) and getattr(m, name, None) is original
+    ]
     for m in holders:
         setattr(m, name, replacement)
     try:
@@ -111,12 +128,26 @@ def _patched(module: Any, name: str, wrapper: Callable[..., Any]) -> Iterator[No
             setattr(m, name, original)
 
 
+def spec_mutant(mutant: str) -> tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]] | None:
+    """(module, function, wrapper) of a spec mutant: this catalogue, or ``harness.mutants_invariants``."""
+    from harness import mutants_invariants
+
+    return MUTANTS.get(mutant) or mutants_invariants.MUTANTS.get(mutant)
+
+
+def patched_spec(mutant: str, keep: tuple[str, ...] = ()) -> Any:
+    """The whole spec (every module but those under ``keep``) with ``mutant`` applied, as a context."""
+    found = spec_mutant(mutant)
+    assert found is not None, mutant
+    return _patched(*found, keep=keep)
+
+
 class MutantTarget(SpecTarget):
     """The spec with one deliberate bug, active only inside this target's calls."""
 
     def __init__(self, mutant: str) -> None:
         super().__init__()
-        if mutant not in MUTANTS:
+        if spec_mutant(mutant) is None:
             raise ValueError(f"unknown mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
         self.mutant = mutant
         self.name = f"mutant:{mutant}"
@@ -126,9 +157,12 @@ class MutantTarget(SpecTarget):
         return f"{super().version} with deliberate bug {self.mutant}"
 
     def apply(self, op: O.Op) -> Any:
-        module, name, wrapper = MUTANTS[self.mutant]
-        with _patched(module, name, wrapper):
+        with patched_spec(self.mutant):
             return super().apply(op)
+
+    def reset(self, config: Any) -> None:
+        with patched_spec(self.mutant):  # a mutant may live in the pool's construction
+            super().reset(config)
 
 
 def make_mutant(name: str) -> MutantTarget:
@@ -143,16 +177,21 @@ def resolve_target(name: str) -> Callable[[], Any]:
 
     if not name.startswith("mutant:"):
         return target_factory(name)
-    from harness import mutants_impl
+    from harness import mutants_impl, mutants_vllm
 
     mname = name.split(":", 1)[1]
     factory: Callable[[], Any]
-    if mname in MUTANTS:
+    if spec_mutant(mname) is not None:
         factory = lambda: make_mutant(mname)  # noqa: E731
     elif mname in mutants_impl.MUTANTS:
         factory = lambda: mutants_impl.make_mutant_target(mname)  # noqa: E731
+    elif mname in mutants_vllm.MUTANTS:
+        target_factory("vllm")  # says why when vLLM 0.33.0 is not installed
+        factory = lambda: mutants_vllm.make_mutant_target(mname)  # noqa: E731
     else:
-        known = ", ".join(sorted([*MUTANTS, *mutants_impl.MUTANTS]))
+        from harness import mutants_invariants
+
+        known = ", ".join(sorted([*MUTANTS, *mutants_invariants.MUTANTS, *mutants_impl.MUTANTS, *mutants_vllm.MUTANTS]))
         raise TargetLoadError(f"unknown mutant {mname!r} (known: {known})")
     check_target(factory, name)
     return factory

@@ -40,6 +40,14 @@ MUTANTS: dict[str, str] = {
     "hash_ignores_lora": "block hashes omit the LoRA key: hits on another adapter's KV",
 }
 
+# The family in which each one shows (``kvspec mutants`` fuzzes it there).
+MUTANT_FAMILIES: dict[str, str] = {
+    "reuse_while_referenced": "full",
+    "hash_before_write": "full",
+    "window_off_by_one": "sliding_window",
+    "hash_ignores_lora": "full",
+}
+
 
 class _QueueReferencedPool(alloc.BlockPool):
     """``free_blocks`` that queues every freed block, referenced or not (the bug)."""

@@ -1,26 +1,81 @@
-"""Hypothesis profiles for the harness: ``dev`` (quick), ``ci`` (the mutant catch budget), ``nightly``.
+"""Hypothesis profiles for the harness: ``dev`` (quick), ``ci`` (the mutant catch budget), ``nightly``,
+and ``replay`` (no generation: only the examples already in the database, i.e. past failures).
 
-All share one example database under ``.hypothesis/examples`` (override with ``KVSPEC_DB``), so a
-CI job that caches that folder re-tries past failures first.  Deadlines are off: a slow target is
-caught by the harness' per-step timeout, not by Hypothesis.
+All share one example database: ``.hypothesis/examples`` by default, or what ``KVSPEC_DB`` (or the
+CLI's ``--db``) names: a folder, or ``redis://host:port/n`` for Hypothesis' ``RedisExampleDatabase``
+behind a Redis server that several machines share.  A CI job that caches the folder (or points at
+the server) re-tries past failures first.  Deadlines are off: a slow target is caught by the
+harness' per-step timeout, not by Hypothesis.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+from urllib.parse import urlsplit
 
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-PROFILES = {
+PROFILES: dict[str, dict[str, object]] = {
     "dev": dict(max_examples=30, stateful_step_count=40),
     "ci": dict(max_examples=500, stateful_step_count=50),
     "nightly": dict(max_examples=2000, stateful_step_count=80),
+    "replay": dict(max_examples=30, stateful_step_count=50, phases=(Phase.explicit, Phase.reuse)),
 }
+DEFAULT_DB = ".hypothesis/examples"
 
 
-def database() -> DirectoryBasedExampleDatabase:
-    return DirectoryBasedExampleDatabase(os.environ.get("KVSPEC_DB", ".hypothesis/examples"))
+def database(spec: str | None = None) -> ExampleDatabase:
+    """The example database ``spec`` names (default: ``KVSPEC_DB``, else ``.hypothesis/examples``).
+
+    ``redis://host[:port][/n]`` is a Redis server (port 6379, database 0 by default); anything else
+    is a folder.  ``ValueError`` says what is wrong with a malformed URL."""
+    return _database(spec or os.environ.get("KVSPEC_DB") or DEFAULT_DB)
+
+
+@functools.lru_cache(maxsize=8)
+def _database(spec: str) -> ExampleDatabase:
+    if "://" not in spec:
+        return DirectoryBasedExampleDatabase(spec)
+    url = urlsplit(spec)
+    if url.scheme != "redis":
+        raise ValueError(f"example database {spec!r}: unknown scheme {url.scheme!r} (use a folder or redis://host:port/n)")
+    try:
+        port = url.port or 6379
+    except ValueError:
+        raise ValueError(f"example database {spec!r}: the port is not a number in 0..65535") from None
+    path = url.path.strip("/") or "0"
+    if not url.hostname or not path.isdigit() or url.query or url.fragment:
+        raise ValueError(f"example database {spec!r}: expected redis://host:port/n (n: a database number)")
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as e:
+        raise ValueError(f"example database {spec!r} needs the redis client (pip install redis; ci/setup installs it): {e}") from None
+    client = redis.Redis(host=url.hostname, port=port, db=int(path), password=url.password, socket_connect_timeout=5)
+    return RedisExampleDatabase(client)
+
+
+def check_database(spec: str | None = None) -> ExampleDatabase:
+    """``database(spec)``, and for a server, one round trip: ``ValueError`` if it cannot be reached."""
+    db = database(spec)
+    client = getattr(db, "redis", None)
+    if client is not None:
+        kw = client.connection_pool.connection_kwargs
+        try:
+            socket.create_connection((kw["host"], kw["port"]), timeout=5).close()  # refused at once, no client retries
+            client.ping()
+        except Exception as e:  # redis.ConnectionError, a timeout, an auth error
+            raise ValueError(f"example database {spec or os.environ.get('KVSPEC_DB')!r}: cannot reach it: {e}") from None
+    return db
+
+
+def generates(name: str) -> bool:
+    """Whether profile ``name`` generates new examples (``replay`` only re-runs the database's)."""
+    phases = PROFILES[name].get("phases")
+    return phases is None or Phase.generate in phases  # type: ignore[operator]
 
 
 def profile_settings(name: str, **overrides: object) -> settings:
@@ -40,4 +95,7 @@ def profile_settings(name: str, **overrides: object) -> settings:
 
 
 for _name in PROFILES:
-    settings.register_profile(f"kvspec-{_name}", profile_settings(_name))
+    try:
+        settings.register_profile(f"kvspec-{_name}", profile_settings(_name))
+    except ValueError:  # a malformed KVSPEC_DB: the CLI (check_database) says so, with exit 2
+        break

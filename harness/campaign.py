@@ -1,0 +1,327 @@
+"""``kvspec mutants``: run the catalogue of deliberate bugs as one campaign and print a table.
+
+Each row is one mutant in one mode, fuzzed until the first finding (then shrunk and written as a
+report under ``--out``) or until ``--seconds`` pass: killed or not, which check killed it (the finding
+kind, and the invariant or the equality field that fired), the time to the first failing example,
+the time to the written report, and the shrunk trace's length.  Exit 1 if any mutant survives.
+
+Modes:
+
+- ``exact`` / ``outcomes`` / ``invariants``: the mutant is the *target*, compared with the unmutated
+  spec under that equality relation (``harness.equality``);
+- ``self``: the *spec itself* is mutated, reference included, so nothing can diverge: only the
+  invariants of ``spec.invariants`` (which keep the original code) can kill it.
+
+Built-in catalogue: the spec mutants (``harness.mutants``, in their ``MUTANT_MODES``), the ``impl``
+allocator mutants (``harness.mutants_impl``) and, where vLLM 0.33.0 is installed, runtime mutants of
+vLLM itself (``harness.mutants_vllm``).  ``--target pkg.mod:factory`` runs a user's mutants instead:
+``--mutants pkg.mod:mutants`` (default: ``mutants`` in the target's module) is a callable returning
+``{name: factory}`` or ``{name: (factory, family)}``; each factory builds the user's target with one
+bug; the unmutated target is fuzzed first as the control (a failing control is exit 2).
+
+After the table: every check (the 29 invariants of ``spec.invariants.INVARIANTS``, the event replay
+``events_replay``, and the equality relations' ``outcome`` and ``observation`` comparisons) that
+killed no mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_SURVIVED, EXIT_USAGE = 0, 1, 2
+RELATION_CHECKS = ("outcome", "observation")
+# The field an observation divergence names, from the start of equality.observation_differences' message.
+_OBS_FIELDS = (
+    ("group ", "tables"), ("num_cached_block", "num_cached_block"), ("ref counts", "ref_cnt"), ("blocks expected", "ref_cnt"),
+    ("block hashes differ", "block_key"), ("tokens covered", "block_key_tokens"), ("secondary", "secondary_keys"),
+    ("free queue", "free_queue"), ("cached key", "cached"), ("hash map", "cached"), ("block hashes of", "request_block_hashes"),
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the campaign: a mutant, in one mode, in its families."""
+
+    name: str
+    origin: str  # spec | impl | vllm | user
+    mode: str  # exact | outcomes | invariants | self
+    target: str  # as reports record it
+    families: tuple[str, ...]
+    factory: Callable[[], Any]
+    patch: Callable[[], AbstractContextManager[None]] | None = None  # active around the whole run (self mode)
+
+
+@dataclass
+class Row:
+    entry: Entry
+    killed: bool
+    check: str = ""
+    first_failure: float | None = None
+    to_report: float | None = None
+    shrunk_steps: int | None = None
+    report: Path | None = None
+    note: str = ""
+
+
+def add_parser(sub: Any) -> None:
+    m = sub.add_parser("mutants", help="run the deliberate-bug catalogue as a campaign; exit 1 if a mutant survives")
+    m.add_argument("--target", default=None, help="pkg.module:factory: run that manager's own mutants (see --mutants)")
+    m.add_argument("--mutants", default=None, help="pkg.module:callable returning {name: factory} (default: <target module>:mutants)")
+    m.add_argument("--family", default="full", help="families of a user's mutants (comma-separated or 'all'; default full)")
+    m.add_argument("--relation", default="exact", help="equality relation of a user's mutants (default exact)")
+    m.add_argument("--only", default=None, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)")
+    m.add_argument("--seconds", type=float, default=60.0, help="time budget per mutant (default 60)")
+    m.add_argument("--shrink-seconds", type=int, default=10)
+    m.add_argument("--seed", type=int, default=11)
+    m.add_argument("--profile", default="ci")
+    m.add_argument("--batch", type=int, default=25, help="examples per family before rotating")
+    m.add_argument("--step-timeout", type=float, default=10.0)
+    m.add_argument("--use-db", action="store_true", help="use the example database (default: none, for honest timings)")
+    m.add_argument("--out", default="kvspec-reports/mutants", help="where the killing reports go")
+    m.add_argument("--no-vllm", action="store_true", help="leave out the runtime vLLM mutants")
+    m.add_argument("--control-seconds", type=float, default=10.0, help="how long the unmutated user target is fuzzed first")
+
+
+# --- the catalogue ---------------------------------------------------------------------------------
+
+
+def builtin_entries(with_vllm: bool) -> list[Entry]:
+    from harness import mutants as sm
+    from harness import mutants_impl as im
+    from harness.targets.spec import SpecTarget
+
+    out: list[Entry] = []
+    for name in sm.MUTANTS:
+        fams = (sm.MUTANT_FAMILIES[name],)
+        for mode in sm.MUTANT_MODES.get(name, ("exact",)):
+            if mode == "self":
+                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, SpecTarget, patch=_self_patch(name)))
+            else:
+                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, _bind(sm.make_mutant, name)))
+    from harness import mutants_invariants as mi
+
+    for name in mi.MUTANTS:
+        for mode in mi.MODES.get(name, ("self",)):
+            fams = (mi.FAMILIES[name],)
+            if mode == "self":
+                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, SpecTarget, patch=_self_patch(name)))
+            else:
+                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, _bind(sm.make_mutant, name)))
+    for name in im.MUTANTS:
+        fams = (im.MUTANT_FAMILIES.get(name, "full"),)
+        out.append(Entry(name, "impl", "exact", f"mutant:{name}", fams, _bind(im.make_mutant_target, name)))
+    if with_vllm:
+        from harness import mutants_vllm as vm
+
+        for name in vm.MUTANTS:
+            out.append(Entry(name, "vllm", "exact", f"mutant:{name}", (vm.FAMILIES[name],), _bind(vm.make_mutant_target, name)))
+    return out
+
+
+def _bind(make: Callable[[str], Any], name: str) -> Callable[[], Any]:
+    def factory() -> Any:
+        return make(name)
+
+    return factory
+
+
+def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
+    from harness.mutants import patched_spec
+
+    def patch() -> AbstractContextManager[None]:
+        ctx: AbstractContextManager[None] = patched_spec(name, keep=("spec.invariants",))
+        return ctx
+
+    return patch
+
+
+def user_entries(target: str, mutants: str | None, families: tuple[str, ...], relation: str) -> list[Entry]:
+    """The user's mutants (``UsageError``-style ``ValueError`` naming what is wrong)."""
+    from harness.families import parse_families
+    from harness.targets import TargetLoadError, check_target
+
+    if ":" not in target:
+        raise ValueError(f"--target {target!r}: expected package.module:factory")
+    spec = mutants or f"{target.split(':', 1)[0]}:mutants"
+    try:
+        found = _load_callable(spec)()
+    except TargetLoadError as e:
+        raise ValueError(str(e)) from None
+    except Exception as e:
+        raise ValueError(f"--mutants {spec!r}: calling it raised {type(e).__name__}: {e}") from None
+    if not isinstance(found, dict) or not found:
+        raise ValueError(f"--mutants {spec!r}: expected a non-empty dict {{name: factory}}, got {type(found).__name__}")
+    out = []
+    for name, value in found.items():
+        fams = families
+        factory = value
+        if isinstance(value, tuple) and len(value) == 2:
+            factory, fam = value
+            fams = tuple(parse_families(str(fam)))
+        if not isinstance(name, str) or not callable(factory):
+            raise ValueError(f"--mutants {spec!r}: entry {name!r} is not a name mapped to a factory (or (factory, family))")
+        try:
+            check_target(factory, f"{target} mutant {name}")
+        except TargetLoadError as e:
+            raise ValueError(str(e)) from None
+        out.append(Entry(name, "user", relation, f"{target}#{name}", fams, factory))
+    return out
+
+
+def _load_callable(spec: str) -> Callable[[], Any]:
+    """``package.module:callable``, resolved exactly as ``--target`` is (``TargetLoadError`` says why not)."""
+    from harness.targets import TargetLoadError, _user_factory
+
+    try:
+        return _user_factory(spec)
+    except TargetLoadError as e:
+        raise TargetLoadError(str(e).replace("--target", "--mutants", 1)) from None
+
+
+# --- running -----------------------------------------------------------------------------------------
+
+
+def check_of(finding: dict[str, Any]) -> str:
+    """Which check fired: the invariant's name, the equality field, or the finding kind."""
+    kind, msg = str(finding.get("kind", "?")), str(finding.get("message", ""))
+    if finding.get("invariant"):
+        return f"{kind}: {finding['invariant']}"
+    if kind == "divergence":
+        if msg.startswith("outcome differs"):
+            return "divergence: outcome"
+        detail = msg.split(": ", 1)[-1]
+        field = next((f for prefix, f in _OBS_FIELDS if detail.startswith(prefix)), "?")
+        return f"divergence: observation/{field}"
+    return kind
+
+
+def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
+    from hypothesis import Verbosity
+
+    from harness.fuzzing import run_fuzz
+    from harness.report import write_report
+    from harness.trace import trace_from_json
+
+    args = argparse.Namespace(
+        target=entry.target, relation="exact" if entry.mode == "self" else entry.mode, seconds=opts.seconds, seed=opts.seed,
+        profile=opts.profile, batch=opts.batch, shrink_seconds=opts.shrink_seconds, step_timeout=opts.step_timeout, kv_check=False,
+    )
+    overrides: dict[str, Any] = {"verbosity": Verbosity.quiet}  # the table is the output, not Hypothesis' notes
+    if not opts.use_db:
+        overrides["database"] = None
+    start = time.monotonic()
+    with entry.patch() if entry.patch else nullcontext():
+        res = run_fuzz(args, list(entry.families), entry.factory, settings_overrides=overrides)
+    if res.trace is None:
+        note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} examples, {res.steps} steps"
+        return Row(entry, killed=False, note=note)
+    report = write_report(opts.out, trace_from_json(res.trace))
+    return Row(entry, True, check_of(res.trace["finding"]), res.first_finding_after, time.monotonic() - start,
+               len(res.trace["steps"]), report)
+
+
+def select(entries: list[Entry], only: str | None) -> list[Entry]:
+    if not only:
+        return entries
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    known = {e.name for e in entries} | {f"origin:{e.origin}" for e in entries}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ValueError(f"--only: unknown mutant(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return [e for e in entries if e.name in wanted or f"origin:{e.origin}" in wanted]
+
+
+def all_checks() -> list[str]:
+    from spec.invariants import INVARIANTS
+
+    return [*INVARIANTS, "events_replay", *RELATION_CHECKS]
+
+
+def uncovered(rows: list[Row]) -> list[str]:
+    """The checks that killed no mutant (the relations count under their own name)."""
+    fired = set()
+    for r in rows:
+        if r.killed:
+            detail = r.check.split(": ", 1)[-1]
+            fired.add(detail.split("/", 1)[0])
+    return [c for c in all_checks() if c not in fired]
+
+
+def render_table(rows: list[Row]) -> Iterator[str]:
+    head = ("mutant", "origin", "mode", "family", "killed", "killed by", "1st failure", "report", "shrunk")
+    cells = [
+        (r.entry.name, r.entry.origin, r.entry.mode, ",".join(r.entry.families), "yes" if r.killed else "NO",
+         r.check or r.note, _secs(r.first_failure), _secs(r.to_report), "-" if r.shrunk_steps is None else f"{r.shrunk_steps} steps")
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
+    for line in (head, tuple("-" * w for w in widths), *cells):
+        yield "  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}s"
+
+
+def mutants_cmd(args: argparse.Namespace) -> int:
+    from harness.cli import UsageError
+    from harness.equality import RELATIONS
+    from harness.families import parse_families
+    from harness.profiles import profile_settings
+
+    if args.seconds <= 0:
+        raise UsageError("--seconds must be > 0")
+    try:
+        profile_settings(args.profile)
+        if args.target is not None:
+            if args.relation not in RELATIONS:
+                raise ValueError(f"unknown relation {args.relation!r} (known: {', '.join(RELATIONS)})")
+            entries = user_entries(args.target, args.mutants, tuple(parse_families(args.family)), args.relation)
+        else:
+            entries = builtin_entries(with_vllm=not args.no_vllm and _has_vllm())
+        entries = select(entries, args.only)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.target is not None and not _control_passes(args, entries):
+        return EXIT_USAGE
+    rows = []
+    for entry in entries:
+        print(f"kvspec mutants: {entry.origin} {entry.name} ({entry.mode}, {','.join(entry.families)}) ...", file=sys.stderr, flush=True)
+        rows.append(run_entry(entry, args))
+    for line in render_table(rows):
+        print(line)
+    killed = sum(r.killed for r in rows)
+    print(f"\nkvspec mutants: {killed}/{len(rows)} killed; reports under {args.out}")
+    if args.target is None and not args.only:
+        rest = uncovered(rows)
+        print(f"checks that killed no mutant ({len(rest)} of {len(all_checks())}): {', '.join(rest) or 'none'}")
+    return EXIT_OK if killed == len(rows) else EXIT_SURVIVED
+
+
+def _control_passes(args: argparse.Namespace, entries: list[Entry]) -> bool:
+    """The unmutated user target must survive the same families for a short while."""
+    from harness.targets import target_factory
+
+    fams = tuple(sorted({f for e in entries for f in e.families}))
+    control = Entry("(control)", "user", args.relation, args.target, fams, target_factory(args.target))
+    opts = argparse.Namespace(**{**vars(args), "seconds": args.control_seconds})
+    row = run_entry(control, opts)
+    if row.killed:
+        print(f"kvspec mutants: the unmutated target {args.target} already fails ({row.check}; report {row.report}): "
+              "fix it (or pick --family / --relation) before judging its mutants", file=sys.stderr)
+    return not row.killed
+
+
+def _has_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,72 @@
+"""Many workers, one database: two fuzz processes share Hypothesis' ``RedisExampleDatabase`` behind a
+real ``redis-server`` (loopback, a free port, no persistence), and a failure one finds is replayed
+first by the other (which runs the ``replay`` profile: no generation, only the stored examples)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from ci_helpers import kvspec
+
+REDIS = shutil.which("redis-server")
+pytestmark = [
+    pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (ci/test installs it with apt-get)"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+]
+pytest.importorskip("redis", reason="the redis client is not installed (ci/requirements.txt)")
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert REDIS is not None
+    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+        for _ in range(100):
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            pytest.fail("redis-server did not start")
+        client.close()
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+BUG = ("--target", "mutant:hits_not_touched", "--family", "full", "--shrink-seconds", "2")
+
+
+def test_a_failure_found_by_one_worker_is_replayed_first_by_the_other(redis_url, tmp_path):
+    first = kvspec("fuzz", *BUG, "--seconds", "30", "--db", f"{redis_url}/0", "--out", "a", cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    # The second process generates nothing: it can only fail by replaying what the first stored.
+    second = kvspec("fuzz", *BUG, "--seconds", "30", "--seed", "7", "--profile", "replay", "--db", f"{redis_url}/0",
+                    "--out", "b", cwd=tmp_path)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "FOUND divergence" in second.stdout
+    # The control: the same replay on an empty database (another Redis database number) finds nothing.
+    control = kvspec("fuzz", *BUG, "--seconds", "30", "--profile", "replay", "--db", f"{redis_url}/1", "--out", "c",
+                     cwd=tmp_path)
+    assert control.returncode == 0, control.stdout + control.stderr
+
+
+def test_an_unreachable_server_is_a_usage_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    r = kvspec("fuzz", "--db", f"redis://127.0.0.1:{port}/0", "--seconds", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot reach it" in r.stderr, r.stderr
