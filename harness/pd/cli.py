@@ -1,0 +1,101 @@
+"""``kvspec pd``: the P/D pre-allocation study (docs/pd-preallocation.md).
+
+- ``kvspec pd check [--design D,...] [--target spec|vllm] [--seconds N] [--scenarios]``: fuzz the
+  protocols against their safety rules (exit 0 nothing found, 1 a violation, 2 bad usage);
+- ``kvspec pd simulate [--out docs/figures] [--requests N] [--measure|--no-measure]``: measure the
+  manager calls on real vLLM (when installed), run the simulation sweep and draw every figure
+  (exit 0, or 2 on bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from harness.pd.check import EXIT_OK, EXIT_USAGE, add_check_arguments, check_main
+
+COSTS_FILE = "pd-manager-costs.json"
+RESULTS_FILE = "pd-sim-results.json"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvspec pd", description="P/D disaggregation with pre-allocation on the decode side: safety and simulation.")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_check_arguments(sub.add_parser("check", help="fuzz the protocols against their safety rules"))
+    s = sub.add_parser("simulate", help="measure, simulate and draw the figures")
+    s.add_argument("--out", default="docs/figures", help="folder for the PNGs and the JSON results")
+    s.add_argument("--requests", type=int, default=2000, help="requests per simulated point")
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--workloads", default="chat,long,long-tight")
+    s.add_argument("--loads", default=None, help="comma-separated loads (fraction of prefill capacity)")
+    s.add_argument("--measure", dest="measure", action="store_true", default=None, help="measure vLLM's manager calls (default: when vLLM is installed)")
+    s.add_argument("--no-measure", dest="measure", action="store_false", help="reuse the stored measurements")
+    s.add_argument("--no-figures", action="store_true", help="skip matplotlib (results JSON only)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
+    if args.command == "check":
+        return check_main(args)
+    return simulate_main(args)
+
+
+def _say(msg: str) -> None:
+    print(f"kvspec pd simulate: {msg}", file=sys.stderr, flush=True)
+
+
+def simulate_main(args: argparse.Namespace) -> int:
+    from harness.pd.sim import inputs as X
+    from harness.pd.sim.experiment import LOADS, WORKLOADS, sweep, to_json
+    from harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
+
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    try:
+        loads = LOADS if args.loads is None else tuple(float(x) for x in args.loads.split(","))
+    except ValueError:
+        print(f"kvspec pd simulate: --loads must be numbers, got {args.loads!r}", file=sys.stderr)
+        return EXIT_USAGE
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or args.requests < 10 or not loads or min(loads) <= 0:
+        print(f"kvspec pd simulate: bad usage (workloads {bad} unknown; known {list(WORKLOADS)}; --requests >= 10; loads > 0)", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    costs_path = out / COSTS_FILE
+    measure = args.measure
+    if measure is None:
+        try:
+            import vllm  # noqa: F401
+
+            measure = True
+        except Exception:
+            measure = False
+    start = time.monotonic()
+    if measure:
+        _say(f"measuring vLLM's KVCacheManager calls on a {X.D_BLOCKS}-block pool")
+        write_costs(costs_path, measure_manager_costs(X.D_BLOCKS, progress=_say))
+    costs = X.ManagerCosts(read_costs(costs_path) if costs_path.exists() else None)
+    if not costs.table:
+        _say("no measured manager costs (vLLM not installed, none stored): they count as 0")
+    points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say)
+    results = {"requests": args.requests, "seed": args.seed, "loads": list(loads), "points": to_json(points)}
+    tmp = out / (RESULTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out / RESULTS_FILE)
+    from harness.pd.sim.experiment import render_results_table
+
+    (out / "pd-sim-table.md").write_text(render_results_table(points), encoding="utf-8")
+    written = [out / RESULTS_FILE, out / "pd-sim-table.md"]
+    if not args.no_figures:
+        from harness.pd.sim.figures import draw_all
+
+        written += draw_all(points, out)
+    _say(f"done in {time.monotonic() - start:.1f}s; wrote " + ", ".join(str(p) for p in written))
+    return EXIT_OK

@@ -1,0 +1,106 @@
+"""Every input of the simulation: measured where this machine can measure it, otherwise an
+assumption with its source.  docs/pd-preallocation.md prints ``ASSUMPTIONS`` as a table.
+
+Measured: the decode instance's manager calls on real vLLM 0.33 (``measure``; stored in
+docs/figures/pd-manager-costs.json).  Assumed: everything about the GPU, the model, the network and
+the traffic (this machine has no GPU, and no model weights or traces can be fetched).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    name: str
+    value: str
+    source: str
+
+
+# --- model and GPU --------------------------------------------------------------------------------
+
+N_PARAMS = 8.03e9  # Llama-3.1-8B
+N_LAYERS = 32
+KV_BYTES_PER_TOKEN = 2 * N_LAYERS * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16: 128 KiB
+WEIGHT_BYTES = 2 * N_PARAMS
+PEAK_FLOPS = 989e12  # H200 SXM dense BF16
+MFU_PREFILL = 0.5
+HBM_BYTES_PER_S = 4.8e12
+HBM_EFFICIENCY = 0.8
+GPU_MEMORY = 141 * GB
+GPU_MEMORY_UTILIZATION = 0.9
+ACTIVATION_RESERVE = 4 * GB
+STEP_OVERHEAD_S = 3e-3  # scheduler, sampling, launch: per engine step
+PREFILL_OVERHEAD_S = 2e-3
+BLOCK_SIZE = 16
+
+D_KV_BYTES = GPU_MEMORY * GPU_MEMORY_UTILIZATION - WEIGHT_BYTES - ACTIVATION_RESERVE
+D_BLOCKS = int(D_KV_BYTES // (BLOCK_SIZE * KV_BYTES_PER_TOKEN))
+
+# --- network and control plane --------------------------------------------------------------------
+
+LINK_BYTES_PER_S = 400e9 / 8 * 0.8  # ConnectX-7 NDR 400 Gb/s per GPU, 80% achieved
+TRANSFER_LATENCY_S = 50e-6
+ROUTER_HOP_S = 0.5e-3
+
+ASSUMPTIONS = (
+    Assumption("model", "Llama-3.1-8B, bf16: 8.03e9 parameters, 32 layers, 8 KV heads x 128", "meta-llama/Llama-3.1-8B config.json and model card"),
+    Assumption("KV per token", f"{KV_BYTES_PER_TOKEN // 1024} KiB (2 x 32 x 8 x 128 x 2 bytes)", "derived from the model config"),
+    Assumption("GPU", "one NVIDIA H200 SXM per instance: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB", "NVIDIA H200 Tensor Core GPU datasheet"),
+    Assumption("prefill time", f"{PREFILL_OVERHEAD_S * 1e3:.0f} ms + (2 N L + 2 x 32 x 4096 L^2) FLOPs at {MFU_PREFILL:.0%} of peak", "FLOP count of a dense decoder (Kaplan et al. 2020, 2N per token, plus causal attention); 50% MFU is our assumption for prefill of this size"),
+    Assumption("decode step", f"{STEP_OVERHEAD_S * 1e3:.0f} ms + (weights + KV of the batch) / ({HBM_EFFICIENCY:.0%} of 4.8 TB/s)", "decode is memory bound (roofline); overhead and efficiency are our assumptions"),
+    Assumption("decode KV capacity", f"{D_BLOCKS} blocks of {BLOCK_SIZE} tokens: 0.9 x 141 GB - 16.1 GB weights - 4 GB activations", "vLLM's default gpu_memory_utilization 0.9 and block size 16; the activation reserve is our assumption"),
+    Assumption("decode admission", "blocks for prompt + output are held from admission (no preemption)", "simplification (vLLM 0.33 can instead preempt; with full_sequence_must_fit it gates the same way)"),
+    Assumption("KV transfer", f"{LINK_BYTES_PER_S / GB:.0f} GB/s into each decode GPU (FIFO), {TRANSFER_LATENCY_S * 1e6:.0f} us per transfer", "NVIDIA ConnectX-7 datasheet (400 Gb/s NDR per GPU); 80% achieved is our assumption"),
+    Assumption("router hop", f"{ROUTER_HOP_S * 1e3:.1f} ms per control message", "our assumption for an in-datacenter RPC (vLLM's disaggregated proxy is HTTP)"),
+    Assumption("engine steps", "a decode instance acts on new requests, arrivals and reservations only at step boundaries", "vLLM v1 EngineCore busy loop: inputs are drained between steps, then schedule()"),
+    Assumption("arrivals", "Poisson", "vllm bench serve --request-rate with the default burstiness 1.0"),
+    Assumption("lengths", "chat: prompt U[512, 2048], output U[128, 384], 1 P : 1 D; long: prompt U[4096, 12288], output U[128, 384], 2 P : 1 D", "our choice, shaped like vllm bench serve's random dataset with a range ratio"),
+    Assumption("prefill instances", "FCFS, one prefill at a time, requests go to the least loaded; their KV memory is not the bottleneck", "simplification"),
+)
+
+
+def get_prefill_seconds(prompt: int) -> float:
+    flops = 2 * N_PARAMS * prompt + 2 * N_LAYERS * 4096 * prompt * prompt
+    return PREFILL_OVERHEAD_S + flops / (PEAK_FLOPS * MFU_PREFILL)
+
+
+def get_decode_step_seconds(batch: int, context_tokens: int) -> float:
+    if batch == 0:
+        return 0.0
+    return STEP_OVERHEAD_S + (WEIGHT_BYTES + context_tokens * KV_BYTES_PER_TOKEN) / (HBM_BYTES_PER_S * HBM_EFFICIENCY)
+
+
+def get_transfer_seconds(tokens: int) -> float:
+    return tokens * KV_BYTES_PER_TOKEN / LINK_BYTES_PER_S
+
+
+def get_blocks(tokens: int) -> int:
+    return math.ceil(tokens / BLOCK_SIZE)
+
+
+class ManagerCosts:
+    """Measured seconds per manager call, interpolated in the prompt's block count."""
+
+    def __init__(self, measured: dict[str, Any] | None) -> None:
+        self.table = {} if measured is None else {int(k): v for k, v in measured["median_s"].items()}
+
+    def get(self, call: str, blocks: int) -> float:
+        if not self.table:
+            return 0.0
+        keys = sorted(self.table)
+        lo = max([k for k in keys if k <= blocks], default=keys[0])
+        hi = min([k for k in keys if k >= blocks], default=keys[-1])
+        if hi == lo:
+            return float(self.table[lo][call])
+        w = (blocks - lo) / (hi - lo)
+        return float(self.table[lo][call] * (1 - w) + self.table[hi][call] * w)
+
+    def admission(self, blocks: int) -> float:
+        """A remote-KV admission on D: lookup plus allocation."""
+        return self.get("get_computed_blocks", blocks) + self.get("allocate_slots", blocks)
