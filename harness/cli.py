@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, nightly")
     f.add_argument("--step-timeout", type=float, default=10.0, help="seconds one target call may take")
     f.add_argument("--batch", type=int, default=10, help="examples per family before rotating")
-    f.add_argument("--shrink-seconds", type=int, default=60, help="time bound for shrinking a finding")
+    f.add_argument("--shrink-seconds", type=int, default=10, help="time bound for Hypothesis' shrinking of a finding")
+    f.add_argument("--reduce-seconds", type=float, default=15.0,
+                   help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off")
     f.add_argument("--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)")
     f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle.py)")
     f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger.py; on by default)")

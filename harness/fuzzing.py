@@ -37,6 +37,7 @@ class FuzzResult:
     summary: str | None = None
     stopped: str | None = None  # the run stopped on an exception that is not a finding
     first_finding_after: float | None = None
+    shrunk_steps: int | None = None  # the finding's length after Hypothesis' shrinking, before reduction
 
     def add(self, other: FuzzResult) -> None:
         """Merge another worker's counts (not its finding)."""
@@ -112,8 +113,10 @@ def run_fuzz(
             if trace is None or stats.finding is None:
                 res.stopped = f"{type(e).__name__}: {e}"
             else:
+                res.shrunk_steps = len(trace.steps)
+                trace, finding = reduce_finding(trace, stats.finding, factory, args)
                 res.trace = trace_to_json(trace)
-                res.summary = stats.finding.summary()
+                res.summary = finding.summary()
                 res.first_finding_after = stats.first_finding_after
         res.batches[fam] += 1
         res.family_time[fam] = res.family_time.get(fam, 0.0) + time.monotonic() - t0
@@ -126,6 +129,22 @@ def run_fuzz(
     res.skipped = dict(stats.skipped)
     res.elapsed = time.monotonic() - start
     return res
+
+
+def reduce_finding(trace: Any, finding: Any, factory: Callable[[], Any], args: argparse.Namespace) -> tuple[Any, Any]:
+    """The Hypothesis-shrunk finding reduced further by replaying operations (``harness.reduce``)
+    for up to ``--reduce-seconds``; the trace unchanged when reduction is off or finds nothing smaller."""
+    from harness.reduce import reduce_trace
+
+    seconds = getattr(args, "reduce_seconds", 0.0)
+    if seconds <= 0:
+        return trace, finding
+    try:
+        red = reduce_trace(trace.config, trace.ops, finding, factory, trace.relation, seconds, args.step_timeout)
+    except ValueError:  # the finding does not replay outside Hypothesis (a flaky target): keep it as shrunk
+        return trace, finding
+    trace.config, trace.steps, trace.finding = red.config, list(red.steps), red.finding.to_json()
+    return trace, red.finding
 
 
 def finding_trace(stats: Any, target: str, seed: int | None, profile: str | None, family: str, relation: str) -> Any:
@@ -158,7 +177,8 @@ def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, 
     if res.trace is not None:
         trace = trace_from_json(res.trace)
         report = write_report(args.out, trace)
-        print(f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, then shrunk)")
+        print(f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
+              f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})")
         print(f"kvspec fuzz: report written to {report} after {el:.1f}s ({len(trace.steps)} steps; replay with: kvspec replay {report})")
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)

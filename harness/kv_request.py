@@ -1,10 +1,11 @@
 """The KV-content oracle's own facts about a request, beside its ``harness.book`` record.
 
-``KVCheckTarget`` keeps a ``RequestBook`` whose native objects are ``OracleRequest``: the book's
-record (tokens, drafts, computed count, LoRA, multimodal items; changed only by
-``RequestBook.apply``) plus what only the model runner needs (the LoRA embedding slot, drafts
-scheduled in the current step, the last allocation, pending hit ranges and connector loads, the
-last prefix-cache lookup, the cached dense run).
+The op -> KV-event mapping (``harness.kv_schedule``) keeps a ``RequestBook`` whose native objects
+are ``ScheduledRequest``: the book's record (tokens, drafts, computed count, LoRA, multimodal items;
+changed only by ``RequestBook.apply``) plus what the mapping needs (drafts scheduled in the current
+step, the last allocation, pending hit ranges and connector loads, the last prefix-cache lookup).
+The oracle's ``OracleRequest`` adds the LoRA embedding slot and the cached dense run; the ledger's
+``harness.ledger.LedgerRequest`` adds the request's identities.
 
 LoRA adapters and multimodal items change the numbers as they do in a real model: a request's LoRA
 shifts its token embeddings into another range of the vocabulary, and multimodal placeholder
@@ -16,9 +17,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from harness.book import BookRequest
-from harness.kv_dense import DenseRun
+
+if TYPE_CHECKING:  # the ledger shares ScheduledRequest and must not import torch
+    from harness.kv_dense import DenseRun
 
 BASE_VOCAB = 64  # token ids are taken modulo this
 LORA_SLOTS = 4  # distinct LoRA adapters that get distinct embeddings (more wrap around)
@@ -35,30 +39,45 @@ class Alloc:
     hit: int  # num_new_computed_tokens
     ext: int  # num_external_computed_tokens
     delay: bool  # delay_cache_blocks: the external KV arrives later
+    new: int = 0  # num_new_tokens
+    enc: int = 0  # num_encoder_tokens
 
 
 @dataclass(eq=False)
-class OracleRequest:
-    """The oracle's own facts about a request, beside its book record ``rec`` (tokens, drafts,
-    computed count: changed only by ``RequestBook.apply``)."""
+class ScheduledRequest:
+    """What the op -> KV-event mapping (``harness.kv_schedule``) knows about a request, beside its
+    book record ``rec`` (tokens, drafts, computed count: changed only by ``RequestBook.apply``)."""
 
     rec: BookRequest
-    lora_slot: int
     sched_drafts: tuple[int, ...] = ()  # drafts cleared when scheduled, until the step ends
     alloc: Alloc | None = None
+    admission: Alloc | None = None  # the allocation that brought prefix hits or connector tokens
     pending_hit: list[tuple[int, int]] = field(default_factory=list)  # hit ranges to verify before the next run
     pending_ext: tuple[int, int] | None = None  # async connector load not yet arrived
     lookup: list[list[int]] | None = None  # block ids of the last get_computed_blocks
-    dense: DenseRun | None = None
+    recompute: tuple[str, int] | None = None  # why positions below a high-water mark run again
 
     @property
     def rid(self) -> str:
         return self.rec.request_id
 
+    def known_tokens(self) -> list[int]:
+        """Verified tokens, then the drafts computed in this step (or proposed for the next)."""
+        return self.rec.all_token_ids + list(self.rec.spec_token_ids or self.sched_drafts)
+
     def sequence(self, n: int) -> list[int]:
         """Raw token ids of positions ``[0, n)``: verified tokens, then drafts, then filler."""
-        seq = self.rec.all_token_ids + list(self.rec.spec_token_ids or self.sched_drafts)
+        seq = self.known_tokens()
         return (seq + [FILLER] * max(0, n - len(seq)))[:n]
+
+
+@dataclass(eq=False)
+class OracleRequest(ScheduledRequest):
+    """The oracle's own facts about a request: its LoRA embedding slot and its cached dense run."""
+
+    lora_slot: int = 0
+    dense: DenseRun | None = None
+    placeholders: set[int] = field(default_factory=set)  # positions computed before their token was known
 
     def virtual(self, raw: Sequence[int]) -> tuple[int, ...]:
         """Model token ids: LoRA shifts the embedding range, multimodal positions use the item's."""

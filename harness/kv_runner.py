@@ -1,26 +1,27 @@
 """The KV-content oracle's model runner: what each scheduler-side event means for the KV cache.
 
-``KVCheckTarget`` (``harness.oracle``) keeps the requests in a ``harness.book.RequestBook`` whose
-native objects are ``OracleRequest`` (the oracle's own facts beside the book's record), and calls
-the ``ModelRunner`` for every event that touches KV: a lookup, an allocation, a change of the
-computed count, a free, the arrival of an async load, a release of blocks.  The runner writes and
-reads the paged cache (``harness.kv_paged``) through the tables of the latest observation, checks
-against the dense reference (``harness.kv_dense``) and raises ``KVMismatch`` on wrong numbers.
+``KVCheckTarget`` (``harness.oracle``) feeds every operation to the shared op -> KV-event mapping
+(``harness.kv_schedule.KVSchedule``, whose book holds ``OracleRequest``), and the ``ModelRunner`` is
+its consumer: blocks handed out fresh or released (poisoned with NaN), connector loads, model runs.
+The runner writes and reads the paged cache (``harness.kv_paged``) through the tables of the latest
+observation, checks against the dense reference (``harness.kv_dense``) and raises ``KVMismatch`` on
+wrong numbers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from harness import ops as O
 from harness.book import BookRequest
 from harness.kv_dense import DenseRun, dense_reference, row_errors
 from harness.kv_finding import BadKV, KVFinding, KVMismatch, fmt_positions
 from harness.kv_paged import PagedKV
-from harness.kv_request import LORA_SLOTS, Alloc, OracleRequest
+from harness.kv_request import LORA_SLOTS, OracleRequest
+from harness.kv_schedule import ModelRun, Publication
 from harness.observation import Observation
 from impl.attention import first_visible_position
 from impl.model import LayerSpec
@@ -59,82 +60,37 @@ class ModelRunner:
     def new_request(self, rec: BookRequest) -> OracleRequest:
         lora = rec.lora
         slot = 0 if lora is None else 1 + self.loras.setdefault(lora, len(self.loras)) % LORA_SLOTS
-        return OracleRequest(rec, slot)
+        return OracleRequest(rec, lora_slot=slot)
 
-    # --- scheduler-side events -------------------------------------------------------------------
+    # --- the events of the op -> KV mapping (harness.kv_schedule.KVEvents) ----------------------------
 
-    def looked_up(self, r: OracleRequest, out: Any) -> None:
-        r.lookup = [list(g) for g in out["block_ids"]] if isinstance(out, dict) else None
+    def fresh(self, r: OracleRequest, blocks: set[int]) -> None:
+        """Blocks an allocation added that are not the request's prefix hits hold garbage: NaN."""
+        self.stats.blocks_poisoned += self.kv.poison(blocks)
 
-    def allocated(self, r: OracleRequest, op: O.AllocateSlots, out: Any, before: Observation | None) -> None:
-        """Poison the blocks this allocation added that are not the request's prefix hits."""
-        if out is not None:
-            assert self.obs is not None
-            hits = r.lookup if (op.use_computed_blocks and r.lookup is not None) else []
-            fresh: set[int] = set()
-            for g, table in enumerate(self.obs.tables):
-                old = set(before.tables[g].get(r.rid, ())) if before is not None else set()
-                keep = old | (set(hits[g]) if g < len(hits) else set()) | {0}
-                fresh.update(b for b in table.get(r.rid, ()) if b not in keep)
-            if isinstance(out, dict):
-                for g, ids in enumerate(out.get("block_ids", ())):
-                    fresh.update(b for b in ids if b != 0 and not (g < len(hits) and b in hits[g]))
-            self.stats.blocks_poisoned += self.kv.poison(fresh)
-            r.alloc = Alloc(
-                r.rec.num_computed_tokens,
-                op.num_new_computed_tokens,
-                op.num_external_computed_tokens,
-                op.delay_cache_blocks,
-            )
-            if op.use_computed_blocks:
-                r.lookup = None
-        self.poison_released()  # allocate_slots frees out-of-window blocks first
+    def released(self, candidates: Collection[int] | None) -> None:
+        self.poison_released()  # scans every written block: a buggy target may release any of them
 
-    def computed(self, r: OracleRequest, prev: int, n: int) -> None:
-        """The computed count moved from ``prev`` to ``n``: positions ``[prev, n)`` are prefix hits,
-        connector loads or model runs, as the last allocation said."""
-        if n < prev:  # rejection, preemption, failed load: positions >= n are recomputed later
-            r.pending_hit = [(a, min(b, n)) for a, b in r.pending_hit if a < n]
-            if r.pending_ext is not None:
-                a, b = r.pending_ext
-                r.pending_ext = (a, min(b, n)) if a < n else None
-            r.alloc = None
-            return
-        if n == prev:
-            return
-        model_start = prev
-        al = r.alloc
-        if al is not None:
-            hit_end = al.start + al.hit
-            ext_end = hit_end + al.ext
-            hs, he = max(prev, al.start), min(n, hit_end)
-            if he > hs:
-                r.pending_hit.append((hs, he))
-            es, ee = max(prev, hit_end), min(n, ext_end)
-            if ee > es:
-                if al.delay:
-                    lo = es if r.pending_ext is None else min(es, r.pending_ext[0])
-                    hi = ee if r.pending_ext is None else max(ee, r.pending_ext[1])
-                    r.pending_ext = (lo, hi)
-                else:
-                    self._load_external(r, es, ee)
-            model_start = max(prev, ext_end)
-        if n > model_start:
-            self._model_run(r, model_start, n)
+    def load(self, r: OracleRequest, a: int, b: int) -> None:
+        self._load_external(r, a, b)
 
-    def freed(self, r: OracleRequest) -> None:
-        r.alloc, r.pending_hit, r.pending_ext, r.lookup = None, [], None, None
-        self.poison_released()
+    def run(self, r: OracleRequest, run: ModelRun) -> None:
+        self._model_run(r, run)
 
-    def arrive(self, r: OracleRequest, upto: int) -> None:
-        """``cache_blocks`` after an async load: the connector has written ``[a, min(b, upto))``."""
-        if r.pending_ext is None:
-            return
-        a, b = r.pending_ext
-        end = min(b, upto)
-        if end > a:
-            self._load_external(r, a, end)
-        r.pending_ext = (end, b) if end < b else None
+    def appended(self, r: OracleRequest, old_num_tokens: int) -> None:
+        """Positions computed before their token was known (async-scheduling placeholders, computed
+        here with ``FILLER``) hold the KV of the token now appended, as the GPU computed them with it
+        (docs/semantics.md §11.1); positions rolled back since (padded drafts) are left alone."""
+        known = [p for p in sorted(r.placeholders) if p < r.rec.num_tokens]
+        r.placeholders.difference_update(known)
+        tables = self._tables(r)
+        for p in known:
+            mapped = all(p // self.kv.block_sizes[sp.group] < len(tables[sp.group]) for _, sp in self.kv.layers)
+            if p < r.rec.num_computed_tokens and mapped:
+                self.kv.load(tables, p, p + 1, self._dense(r, p + 1))
+
+    def published(self, r: OracleRequest, blocks: list[Publication], promised_end: int) -> None:
+        pass  # a hit on an unwritten block shows as NaN when it is read
 
     def poison_released(self) -> None:
         assert self.obs is not None
@@ -160,17 +116,20 @@ class ModelRunner:
         self.kv.load(tables, a, b, self._dense(r, b))
         self.stats.external_tokens_written += b - a
 
-    def _model_run(self, r: OracleRequest, s: int, n: int) -> None:
-        """The model computes positions ``[s, n)`` of ``r`` through its block tables."""
+    def _model_run(self, r: OracleRequest, run: ModelRun) -> None:
+        """The model computes positions ``[s, n)`` of ``r`` through its block tables, after the hits
+        are verified and a pending connector load has landed."""
+        s, n = run.start, run.end
+        known = len(r.known_tokens())
+        r.placeholders.difference_update(range(s, min(n, known)))
+        r.placeholders.update(range(max(s, known), n))  # computed with FILLER: the token comes later
         tables = self._tables(r)
         self._check_ids(r, tables)
         self._check_mapped(r, tables, s, n, "computed")
         d = self._dense(r, n)
-        self._verify_hits(r, tables, d)
-        if r.pending_ext is not None:  # the load must have arrived before the request runs again
-            a, b = r.pending_ext
-            r.pending_ext = None
-            self._load_external(r, a, min(b, n))
+        self._verify_hits(r, tables, d, run.hits)
+        if run.arrival is not None:  # the load must have arrived before the request runs again
+            self._load_external(r, *run.arrival)
         out = self.kv.forward(d.tokens[s:n], s, tables)  # [T, d_model]
         self.stats.model_runs += 1
         self.stats.tokens_checked += n - s
@@ -179,9 +138,10 @@ class ModelRunner:
             positions = [s + i for i, x in enumerate(bad.tolist()) if x]
             self._output_mismatch(r, tables, d, s, n, positions, max_abs, max_rel)
 
-    def _verify_hits(self, r: OracleRequest, tables: list[tuple[int, ...]], d: DenseRun) -> None:
+    def _verify_hits(
+        self, r: OracleRequest, tables: list[tuple[int, ...]], d: DenseRun, ranges: list[tuple[int, int]]
+    ) -> None:
         """Prefix-hit positions must hold the dense KV of this request's own prefix."""
-        ranges, r.pending_hit = r.pending_hit, []
         for a, b in ranges:
             self._check_mapped(r, tables, a, b, "prefix-hit", allow_null=True)
 

@@ -2,8 +2,9 @@
 
 Every operation is applied to the spec (the reference, in-process) and to the target; the target's
 call runs under a per-step timeout.  Then, in this order: the outcomes are compared with the
-configured relation, the observations are compared, ``spec.invariants`` runs on the spec state
-and ``harness.obs_invariants`` on the target's observation.  The first problem raises
+configured relation, the observations are compared, ``spec.invariants`` runs on the spec state,
+``harness.obs_invariants`` on the target's observation, and the KV ledger (``harness.ledger``, on by
+default: every read of a computed token holds its own KV) on the target's tables.  The first problem raises
 ``FindingError`` carrying a ``Finding``: the step, the operation, both outcomes, a one-sentence
 message and the smallest witness (the blocks and requests involved, before and after).  A target
 that raises or hangs is a finding too, never a harness crash.
@@ -11,6 +12,7 @@ that raises or hangs is a finding too, never a harness crash.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import traceback
@@ -19,6 +21,8 @@ from typing import Any
 
 from harness import ops as O
 from harness.equality import get_relation, observation_differences, outcome_difference
+from harness.ledger import LedgerChecker
+from harness.ledger_finding import LedgerFinding
 from harness.obs_invariants import EventLedger, ObsContext, check_observation
 from harness.observation import Observation
 from harness.targets.base import Target, Unsupported
@@ -29,7 +33,7 @@ from spec.invariants import StepContext, check_invariants, check_step
 
 @dataclass
 class Finding:
-    kind: str  # divergence | invariant | kv-mismatch | target-raised | target-hung | reference-raised | reference-invariant
+    kind: str  # divergence | invariant | kv-ledger | kv-mismatch | target-raised | target-hung | reference-raised | reference-invariant
     step: int | None
     message: str
     op: dict[str, Any] | None = None
@@ -41,7 +45,7 @@ class Finding:
     witness: dict[str, Any] = field(default_factory=dict)
     traceback: str | None = None
     kv: dict[str, Any] | None = None  # a KV-content mismatch (harness.oracle.KVFinding.to_json())
-    kv_markdown: str | None = None  # its "KV contents" report section
+    kv_markdown: str | None = None  # its "KV contents" (or "KV ledger") report section
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,8 +126,15 @@ def obs_to_json(obs: Observation, blocks: set[int] | None = None, requests: set[
     }
 
 
+def ledger_enabled() -> bool:
+    """The KV ledger's default: on, unless ``KVSPEC_LEDGER=0`` (``kvspec fuzz --no-ledger`` sets it)."""
+    return os.environ.get("KVSPEC_LEDGER", "1") != "0"
+
+
 class Lockstep:
-    """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both."""
+    """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both.
+
+    ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``)."""
 
     def __init__(
         self,
@@ -132,6 +143,7 @@ class Lockstep:
         relation: str = "exact",
         step_timeout: float | None = 10.0,
         check_spec_invariants: bool = True,
+        ledger: bool | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -149,6 +161,7 @@ class Lockstep:
         self.tgt_obs: Observation | None = None
         self.op_counts: dict[str, int] = {}
         self.event_log: list[Any] = []  # the reference's events taken so far (spec §9.20)
+        self.kv_ledger = LedgerChecker(config) if (ledger_enabled() if ledger is None else ledger) else None
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -164,6 +177,8 @@ class Lockstep:
             raise FindingError(Finding("target-raised", None, f"reset() raised {type(e).__name__}: {e}", traceback=traceback.format_exc())) from None
         self.ref_obs = self.ref.observe() if self.ref is not None else None
         self.tgt_obs = self._observe_target(None, None)
+        if self.kv_ledger is not None:
+            self.kv_ledger.start(self.tgt_obs)
 
     # --- one operation -------------------------------------------------------------------------
 
@@ -206,6 +221,7 @@ class Lockstep:
             if diff is not None:
                 self._fail("divergence", i, op, f"outcome differs: {diff}", ref_out, tgt_out, blocks=_outcome_blocks(ref_out, tgt_out))
         if not O.changes_observation(op):
+            self._check_ledger(i, op, ref_out, tgt_out, self.tgt_obs)
             return tgt_out
         before_ref, before_tgt = self.ref_obs, self.tgt_obs
         self.ref_obs = self.ref.observe() if self.ref is not None else None
@@ -234,9 +250,21 @@ class Lockstep:
             v = violations[0]
             self._fail("invariant", i, op, f"invariant {v.name} broken on the target: {v.message}", ref_out, tgt_out,
                        set(v.blocks), set(v.requests), before_ref, before_tgt, invariant=v.name)
+        self._check_ledger(i, op, ref_out, tgt_out, before_tgt)
         return tgt_out
 
     # --- helpers -------------------------------------------------------------------------------
+
+    def _check_ledger(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_tgt: Observation | None) -> None:
+        """The KV ledger after the operation (docs/semantics.md §11): a broken rule is a ``kv-ledger``
+        finding whose message starts with the stable description (``LedgerFinding.description``)."""
+        if self.kv_ledger is None or self.tgt_obs is None:
+            return
+        f: LedgerFinding | None = self.kv_ledger.check(op, tgt_out, before_tgt, self.tgt_obs)
+        if f is not None:
+            blocks = {f.block} if f.block else set()
+            self._fail("kv-ledger", i, op, f.summary, ref_out, tgt_out, blocks, {f.request_id}, before_tgt=before_tgt,
+                       invariant=f.invariant, ledger=f)
 
     def _observe_target(self, i: int | None, op: O.Op | None) -> Observation:
         try:
@@ -277,6 +305,7 @@ class Lockstep:
         before_ref: Observation | None = None,
         before_tgt: Observation | None = None,
         invariant: str | None = None,
+        ledger: LedgerFinding | None = None,
     ) -> None:
         blocks = set(blocks or ())
         requests = set(requests or ())
@@ -289,12 +318,13 @@ class Lockstep:
                 for g in obs.tables:
                     for r in requests:
                         blocks.update(b for b in g.get(r, ()) if b)
-        witness = {}
+        witness: dict[str, Any] = {} if ledger is None else {"ledger": ledger.to_json()}
         for name, obs in (("spec_before", before_ref), ("target_before", before_tgt), ("spec_after", self.ref_obs), ("target_after", self.tgt_obs)):
             if obs is not None:
                 witness[name] = obs_to_json(obs, blocks, requests)
         raise FindingError(
-            Finding(kind, i, message, O.op_to_json(op), expected, actual, invariant, sorted(blocks), sorted(requests), witness)
+            Finding(kind, i, message, O.op_to_json(op), expected, actual, invariant, sorted(blocks), sorted(requests), witness,
+                    kv_markdown=None if ledger is None else ledger.to_markdown())
         )
 
 

@@ -10,7 +10,7 @@ still in use, a hash published before its KV was written, a hit on a block with 
 a window that dropped a block too early show up as wrong numbers on their own.
 
 How the operations of ``harness.ops`` map onto the model runner (vLLM 0.33 ``GPUModelRunner`` /
-``Scheduler`` semantics):
+``Scheduler`` semantics; the mapping is ``harness.kv_schedule``, shared with the KV ledger):
 
 - ``SetNumComputedTokens(rid, n)`` with ``n`` above the previous count ``p``: positions ``[p, n)``
   became computed.  The last successful ``AllocateSlots`` of the request (made at computed count
@@ -27,8 +27,9 @@ How the operations of ``harness.ops`` map onto the model runner (vLLM 0.33 ``GPU
   synchronous load, and for ``delay_cache_blocks`` (async P/D) at the request's ``CacheBlocks``
   (the scheduler's arrival call), or at the latest before its next model run.  A decrease of the
   computed count (failed load: valid prefix only) truncates a pending load.
-- Poisoning with NaN: blocks that an ``AllocateSlots`` adds to a table and that are not the
-  request's prefix hits (fresh blocks hold garbage), and blocks that reach ``ref_cnt == 0`` without
+- Poisoning with NaN: blocks that an ``AllocateSlots`` adds to a table other than the request's
+  prefix hits at their own index (fresh blocks hold garbage; a hit the window passed can come back
+  fresh elsewhere), and blocks that reach ``ref_cnt == 0`` without
   a hash (nothing may read them again); hashed free blocks keep their contents (a later hit reads
   them).  A read of a poisoned slot turns the output into NaN, which never passes.
 - A decrease of the computed count (spec-decode rejection, preemption) needs nothing: the rolled
@@ -41,7 +42,8 @@ and a one-line summary, with ``to_json`` / ``to_markdown`` for the report's "KV 
 The pieces: ``harness.kv_finding`` (findings and their rendering), ``harness.kv_dense`` (the dense
 reference), ``harness.kv_paged`` (the model's layers and paged cache for a config, poisoning),
 ``harness.kv_runner`` (the model runner: per-request state and the events above); this module is
-the ``Target`` wrapper, which keeps the requests in a ``harness.book.RequestBook``.
+the ``Target`` wrapper, which feeds the mapping (``harness.kv_schedule``, whose ``RequestBook`` keeps
+the requests).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from harness.kv_finding import BadKV, KVFinding, KVMismatch, fmt_positions
 from harness.kv_paged import PagedKV
 from harness.kv_request import BASE_VOCAB, FILLER, LORA_SLOTS, MM_BASE, VOCAB, Alloc, OracleRequest
 from harness.kv_runner import ModelRunner, OracleStats
+from harness.kv_schedule import KVSchedule
 from harness.observation import Observation
 from harness.targets.base import Target
 from impl.kv_cache import default_device
@@ -117,12 +120,18 @@ class KVCheckTarget:
         self.tol = dict(tol) if tol is not None else tolerance(dtype)
         self.stats = OracleStats()
         self.runner: ModelRunner | None = None
-        self.book: RequestBook[OracleRequest] = RequestBook()
+        self.schedule: KVSchedule[OracleRequest] | None = None
         self.op_index = -1  # index of the last operation applied since reset
 
     @property
     def version(self) -> str:
         return f"{self.inner.version} + kvspec KV-content oracle"
+
+    @property
+    def book(self) -> RequestBook[OracleRequest]:
+        """The requests as the mapping keeps them (``OracleRequest`` natives)."""
+        assert self.schedule is not None, "KVCheckTarget.book read before reset(config)"
+        return self.schedule.book
 
     @property
     def model(self) -> TinyTransformer | None:
@@ -150,14 +159,14 @@ class KVCheckTarget:
             poison=self.poison_enabled,
         )
         self.runner = ModelRunner(kv, self.stats, self.inner)
+        self.schedule = KVSchedule(self.runner, config)
         self.config = config
-        self.book = RequestBook()
         self.op_index = -1
         self._refresh(self.runner)
 
     def apply(self, op: O.Op) -> Any:
-        runner = self.runner
-        if runner is None:
+        runner, schedule = self.runner, self.schedule
+        if runner is None or schedule is None:
             raise ValueError("KVCheckTarget.apply called before reset(config)")
         self.op_index += 1
         self.stats.ops += 1
@@ -176,7 +185,7 @@ class KVCheckTarget:
             # on a loaded machine made each step ~50x slower (measured); restored right after.
             torch.set_num_threads(1)
         try:
-            self._after(runner, op, out, before)
+            schedule.apply(op, out, before, runner.obs)
         finally:
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
@@ -188,42 +197,3 @@ class KVCheckTarget:
         runner.obs = self.inner.observe()
         self.stats.observe_seconds += time.perf_counter() - t
         self.stats.observations += 1
-
-    def _after(self, runner: ModelRunner, op: O.Op, out: Any, before: Observation | None) -> None:
-        """The operation → model-runner mapping (see the module docstring)."""
-        if isinstance(op, O.REQUEST_OPS):
-            self._request_op(runner, op)
-        elif isinstance(op, (O.EvictBlocks, O.ResetPrefixCache)):
-            runner.poison_released()
-        elif isinstance(op, O.TakeEvents) or op.request_id not in self.book:
-            return  # no KV change, or the inner target accepted an unknown request: nothing to model
-        elif isinstance(op, O.GetComputedBlocks):
-            runner.looked_up(self.book.get_native(op.request_id), out)
-        elif isinstance(op, O.AllocateSlots):
-            runner.allocated(self.book.get_native(op.request_id), op, out, before)
-        elif isinstance(op, O.Free):
-            runner.freed(self.book.get_native(op.request_id))
-        elif isinstance(op, O.CacheBlocks):
-            runner.arrive(self.book.get_native(op.request_id), op.num_computed_tokens)
-        elif isinstance(op, O.RemoveSkippedBlocks):
-            runner.poison_released()
-
-    def _request_op(self, runner: ModelRunner, op: O.Op) -> None:
-        """A scheduler-side change of a request: ``RequestBook.apply``, then what it means for KV."""
-        if isinstance(op, O.AddRequest):
-            self.book.requests.pop(op.request_id, None)  # added again (the inner target took it): start afresh
-            self.book.native[op.request_id] = runner.new_request(self.book.apply(op))
-            return
-        rid: str = getattr(op, "request_id", "")
-        if rid not in self.book:  # the inner target accepted an unknown request: nothing to model
-            return
-        r = self.book.get_native(rid)
-        drafts, computed = r.rec.spec_token_ids, r.rec.num_computed_tokens
-        self.book.apply(op)
-        if isinstance(op, O.AppendOutputTokens):
-            r.sched_drafts = ()
-        elif isinstance(op, O.SetSpecTokens):
-            if not op.token_ids and drafts:  # scheduled: cleared, but computed in this step
-                r.sched_drafts = drafts
-        elif isinstance(op, O.SetNumComputedTokens):
-            runner.computed(r, computed, op.num_computed_tokens)

@@ -70,10 +70,11 @@ def run_ops(
     target_factory: Callable[[], Target],
     relation: str,
     step_timeout: float | None = 10.0,
+    ledger: bool | None = None,
 ) -> tuple[Finding | None, list[tuple[O.Op, object]]]:
     """Replay ``ops`` in lockstep on a fresh spec and target: the first finding (or None) and
     the steps applied, with the reference's outcomes."""
-    ls = Lockstep(config, target_factory(), relation, step_timeout)
+    ls = Lockstep(config, target_factory(), relation, step_timeout, ledger=ledger)
     try:
         ls.start()
         for op in ops:
@@ -86,10 +87,10 @@ def run_ops(
 
 
 def is_valid_trace(config: KVCacheConfig, ops: Ops) -> bool:
-    """Does the spec accept ``ops`` with every invariant holding (spec against itself)?  A
-    reduced trace must be one a scheduler could send, not a broken sequence that happens to
-    trip the same check."""
-    found, steps = run_ops(config, ops, SpecTarget, "exact")
+    """Does the spec accept ``ops`` with every invariant holding and the KV ledger satisfied (spec
+    against itself)?  A reduced trace must be one a scheduler could send (no token computed
+    without its slots, say), not a broken sequence that happens to trip the same check."""
+    found, steps = run_ops(config, ops, SpecTarget, "exact", ledger=True)
     return found is None and len(steps) == len(ops)
 
 

@@ -25,7 +25,7 @@ def test_reduced_trace_keeps_the_finding_and_is_no_longer(path):
     again, steps = run_ops(red.config, red.ops, mutant, trace.relation)
     assert again is not None and same_finding(again, found)
     assert len(steps) == len(red.ops)  # the finding is at the last operation
-    clean, _ = run_ops(red.config, red.ops, SpecTarget, trace.relation)
+    clean, _ = run_ops(red.config, red.ops, SpecTarget, trace.relation, ledger=True)
     assert clean is None, "the reduced trace must be valid: the spec against itself finds nothing"
 
 

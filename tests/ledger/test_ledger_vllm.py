@@ -1,0 +1,100 @@
+"""The ledger on the real vLLM 0.33 ``KVCacheManager``: the three candidate bugs of docs/findings.md
+are ledger findings with the oracle off, the workload finds each when its steering is off, and
+otherwise vLLM runs clean (skipped when vLLM is not installed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from ledger_cases import CANDIDATES, drive, is_known_vllm_trigger, replay_ops
+
+from harness.families import FAMILIES
+from harness.lockstep import FindingError, Lockstep
+from harness.machine import RunStats, make_machine, run_machine
+from harness.profiles import profile_settings
+from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+
+pytestmark = pytest.mark.vllm
+
+# Where the workload reaches each candidate (seeds scanned in order; see bench_ledger.py).
+SEARCH = {
+    "chunk_not_block_multiple": (KVCacheConfig(30, (chunked_local(2, 5),), 80), True),
+    "window_invalid_block_recovery": (KVCacheConfig(30, (sliding_window(2, 3),), 80), False),
+    "window_full_remote_load": (KVCacheConfig(30, (chunked_local(1, 2),), 40), False),
+}
+CLEAN = {
+    "full": KVCacheConfig(24, (full_attention(4),), 120),
+    "sliding_window": KVCacheConfig(24, (sliding_window(4, 7),), 120),
+    "chunked_local": KVCacheConfig(24, (chunked_local(4, 8),), 120),
+    "hybrid": KVCacheConfig(48, (full_attention(4), sliding_window(4, 5), chunked_local(4, 8)), 120),
+    "hybrid_diff": KVCacheConfig(60, (full_attention(4), sliding_window(2, 5)), 80),
+    "async": replace(KVCacheConfig(24, (sliding_window(4, 7),), 120), max_in_flight_tokens=6),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_factory():
+    from harness.targets import TargetLoadError, target_factory
+
+    try:
+        return target_factory("vllm")
+    except TargetLoadError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
+def test_candidate_bug_reproduced_on_vllm(vllm_factory, candidate):
+    config, ops = CANDIDATES[candidate]
+    i, f = replay_ops(vllm_factory(), config, ops)
+    assert f is not None and i == len(ops) - 1 and f.block == 0, f
+    assert is_known_vllm_trigger(f) == candidate, f.to_markdown()
+    # The same through the lockstep driver, vLLM against the spec (which agrees on every table).
+    ls = Lockstep(config, vllm_factory(), "exact")
+    ls.start()
+    with pytest.raises(FindingError) as e:
+        for op in ops:
+            ls.apply(op)
+    assert e.value.finding.kind == "kv-ledger" and e.value.finding.step == len(ops) - 1
+
+
+@pytest.mark.parametrize("candidate", sorted(SEARCH))
+def test_the_workload_finds_each_candidate_on_vllm(vllm_factory, candidate):
+    config, kv_check = SEARCH[candidate]
+    found = []
+    for seed in range(6):
+        r = drive(vllm_factory(), config, seed, 300, kv_check=kv_check)
+        assert r.stopped is None, r.stopped
+        if r.finding is not None:
+            found.append(is_known_vllm_trigger(r.finding))
+            if found[-1] == candidate:
+                return
+    pytest.fail(f"{candidate} not found in 6 seeded runs (found {found})")
+
+
+def test_vllm_runs_clean_with_steering_and_only_known_triggers_without(vllm_factory):
+    seen: Counter[str] = Counter()
+    for name, config in CLEAN.items():
+        for seed in range(3):
+            r = drive(vllm_factory(), config, seed, 250, kv_check=True)
+            assert r.stopped is None and r.finding is None, (name, seed, r.stopped, r.finding and r.finding.summary)
+            r = drive(vllm_factory(), config, seed, 250, kv_check=False)
+            assert r.stopped is None, r.stopped
+            if r.finding is not None:
+                known = is_known_vllm_trigger(r.finding)
+                assert known is not None, f"{name} seed {seed}: {r.finding.to_markdown()}"
+                seen[known] += 1
+    print(f"known triggers without steering: {dict(seen)}")
+
+
+@pytest.mark.statemachine
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "v0_20"])
+def test_vllm_state_machine_with_steering_is_clean(vllm_factory, family):
+    """vLLM against the spec with the ledger on (its default) and the trigger steering of ``--kv-check``."""
+    stats = RunStats()
+    cls = make_machine(family, vllm_factory, "vllm", "exact", stats, kv_check=True)
+    try:
+        run_machine(cls, profile_settings("dev", max_examples=8, database=None), seed=7, shrink_seconds=30)
+    except Exception:
+        pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
