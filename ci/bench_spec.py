@@ -44,7 +44,9 @@ def make_trace(family: str, num_blocks: int, steps: int, seed: int):
             state, out = m.allocate_slots(state, req, new_tokens, hit.num_hit_tokens, hit)
             calls.append(("allocate_slots", (req, new_tokens, hit)))
             if out is not None:
-                running[req.request_id] = with_status(with_num_computed_tokens(req, req.num_tokens), RequestStatus.RUNNING)
+                running[req.request_id] = with_status(
+                    with_num_computed_tokens(req, req.num_tokens), RequestStatus.RUNNING
+                )
         for rid in list(running):
             req = running[rid]
             if rng.random() < 0.05 or req.num_tokens > 1000:
@@ -83,7 +85,9 @@ def replay(cfg, calls, check: bool) -> tuple[float, int]:
             state = m.free(state, arg)
             live.pop(arg, None)
         if check:
-            violations = check_invariants(state, {r: q for r, q in live.items() if any(r in g.req_to_blocks for g in state.groups)})
+            violations = check_invariants(
+                state, {r: q for r, q in live.items() if any(r in g.req_to_blocks for g in state.groups)}
+            )
             assert not violations, violations
     return time.perf_counter() - t0, len(calls)
 

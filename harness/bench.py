@@ -135,8 +135,11 @@ def run_spec(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, 
     from spec import kv_cache_manager as m
     from spec.config import KVCacheConfig, full_attention
     from spec.request import RequestStatus, append_output_token_ids, make_request, with_num_computed_tokens, with_status
+    from spec.types import BlockCount, TokenCount
 
-    cfg = KVCacheConfig(num_blocks=num_blocks, groups=(full_attention(block_size),), max_model_len=1 << 20)
+    cfg = KVCacheConfig(
+        num_blocks=BlockCount(num_blocks), groups=(full_attention(block_size),), max_model_len=TokenCount(1 << 20)
+    )
     state = m.init_kv_cache_manager(cfg)
     reqs: dict[str, Any] = {}
     results: list[Any] = []
@@ -170,18 +173,28 @@ def oracle_cost(trace: list[Step], num_blocks: int, block_size: int) -> tuple[in
     from harness.oracle import KVCheckTarget
     from harness.targets.impl import ImplTarget
     from spec.config import KVCacheConfig, full_attention
+    from spec.types import BlockCount, TokenCount
 
-    cfg = KVCacheConfig(num_blocks=num_blocks, groups=(full_attention(block_size),), max_model_len=1 << 20)
+    cfg = KVCacheConfig(
+        num_blocks=BlockCount(num_blocks), groups=(full_attention(block_size),), max_model_len=TokenCount(1 << 20)
+    )
     program: list[O.Op] = []
     computed: dict[str, int] = {}
     for kind, rid, arg in trace:
         if kind == "admit":
             program += [O.AddRequest(rid, tuple(arg)), O.GetComputedBlocks(rid), O.SetStatus(rid, "RUNNING")]
             computed[rid] = len(arg)
-            program += [O.AllocateSlots(rid, len(arg), use_computed_blocks=False), O.SetNumComputedTokens(rid, len(arg))]
+            program += [
+                O.AllocateSlots(rid, len(arg), use_computed_blocks=False),
+                O.SetNumComputedTokens(rid, len(arg)),
+            ]
         elif kind == "decode":
             computed[rid] += 1
-            program += [O.AppendOutputTokens(rid, (arg,)), O.AllocateSlots(rid, 1), O.SetNumComputedTokens(rid, computed[rid])]
+            program += [
+                O.AppendOutputTokens(rid, (arg,)),
+                O.AllocateSlots(rid, 1),
+                O.SetNumComputedTokens(rid, computed[rid]),
+            ]
         else:
             program.append(O.Free(rid))
     secs = []
@@ -195,7 +208,14 @@ def oracle_cost(trace: list[Step], num_blocks: int, block_size: int) -> tuple[in
 
 
 def bench_allocator(
-    requests: int, steps: int, seed: int, num_blocks: int, block_size: int, spec_steps: int, oracle_steps: int, json_path: str | None
+    requests: int,
+    steps: int,
+    seed: int,
+    num_blocks: int,
+    block_size: int,
+    spec_steps: int,
+    oracle_steps: int,
+    json_path: str | None,
 ) -> None:
     trace = decode_heavy_trace(requests, steps, seed, block_size)
     print(
@@ -227,10 +247,21 @@ def bench_allocator(
     for name, calls, secs in rows:
         print(f"{name:28s} {calls:8d} {secs:8.3f} {calls / secs:10,.0f}")
     report: dict[str, Any] = {
-        "trace": {"steps": len(trace), "requests": requests, "num_blocks": num_blocks, "block_size": block_size, "seed": seed},
+        "trace": {
+            "steps": len(trace),
+            "requests": requests,
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "seed": seed,
+        },
         "ops_per_s": rates,
         "spec_identical_to_impl": same_spec,
-        "oracle": {"ops": n_ops, "impl_s": plain, "impl_with_oracle_s": checked, "ms_per_op": 1e3 * (checked - plain) / n_ops},
+        "oracle": {
+            "ops": n_ops,
+            "impl_s": plain,
+            "impl_with_oracle_s": checked,
+            "ms_per_op": 1e3 * (checked - plain) / n_ops,
+        },
     }
     if "vllm" in rates:
         same = outs["impl"] == outs["vllm"]
@@ -276,7 +307,7 @@ def bench_attention() -> None:  # pragma: no cover - GPU only
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / n
 
-    def sdpa():
+    def sdpa() -> Any:
         qq = q.transpose(0, 1)[None]  # [1, Hq, T, D]
         kk = k.repeat_interleave(hq // hkv, 1).transpose(0, 1)[None]  # [1, Hq, seq, D]
         vv = v.repeat_interleave(hq // hkv, 1).transpose(0, 1)[None]  # [1, Hq, seq, D]
@@ -291,7 +322,8 @@ def bench_attention() -> None:  # pragma: no cover - GPU only
     for name, fn in cases:
         s = timeit(fn)
         print(
-            f"{name:24s}: {s * 1e6:9.1f} us/decode-step, KV read {nbytes / s / 1e9:8.1f} GB/s (seq {seq}, pool {nb} blocks)"
+            f"{name:24s}: {s * 1e6:9.1f} us/decode-step, KV read {nbytes / s / 1e9:8.1f} GB/s "
+            f"(seq {seq}, pool {nb} blocks)"
         )
 
 
@@ -304,14 +336,23 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--num-blocks", type=int, default=16384)
     a.add_argument("--block-size", type=int, default=16)
-    a.add_argument("--spec-steps", type=int, default=3000, help="trace prefix the spec replays (its cost grows with the pool)")
+    a.add_argument(
+        "--spec-steps", type=int, default=3000, help="trace prefix the spec replays (its cost grows with the pool)"
+    )
     a.add_argument("--oracle-steps", type=int, default=1500, help="trace prefix timed with and without the KV oracle")
     a.add_argument("--json", help="also write the figures as JSON here")
     sub.add_parser("attention")
     args = ap.parse_args(argv)
     if args.what == "allocator":
         bench_allocator(
-            args.requests, args.steps, args.seed, args.num_blocks, args.block_size, args.spec_steps, args.oracle_steps, args.json
+            args.requests,
+            args.steps,
+            args.seed,
+            args.num_blocks,
+            args.block_size,
+            args.spec_steps,
+            args.oracle_steps,
+            args.json,
         )
     else:
         bench_attention()

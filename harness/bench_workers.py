@@ -23,8 +23,19 @@ def measure(target: str, family: str, seconds: float, workers: int, seed: int = 
     from harness.families import parse_families
     from harness.workers import fuzz_workers
 
-    args = argparse.Namespace(target=target, family=family, seconds=seconds, seed=seed, relation="exact", profile="dev",
-                              step_timeout=10.0, batch=10, shrink_seconds=10, kv_check=False, workers=workers)
+    args = argparse.Namespace(
+        target=target,
+        family=family,
+        seconds=seconds,
+        seed=seed,
+        relation="exact",
+        profile="dev",
+        step_timeout=10.0,
+        batch=10,
+        shrink_seconds=10,
+        kv_check=False,
+        workers=workers,
+    )
     with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db:
         old = os.environ.get("KVSPEC_DB")
         os.environ["KVSPEC_DB"] = db
@@ -36,9 +47,16 @@ def measure(target: str, family: str, seconds: float, workers: int, seed: int = 
             else:
                 os.environ["KVSPEC_DB"] = old
     if res.trace is not None or res.stopped is not None:
-        raise SystemExit(f"bench_workers: the target reported something ({res.summary or res.stopped}); pick one that passes")
-    return {"workers": workers, "seconds": res.elapsed, "examples": res.examples, "steps": res.steps,
-            "steps_per_s": res.steps / max(res.elapsed, 1e-9)}
+        raise SystemExit(
+            f"bench_workers: the target reported something ({res.summary or res.stopped}); pick one that passes"
+        )
+    return {
+        "workers": workers,
+        "seconds": res.elapsed,
+        "examples": res.examples,
+        "steps": res.steps,
+        "steps_per_s": res.steps / max(res.elapsed, 1e-9),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,14 +72,23 @@ def main(argv: list[str] | None = None) -> int:
         if not counts or min(counts) < 1 or a.seconds <= 0:
             raise ValueError
     except ValueError:
-        print("bench_workers: --workers takes positive integers (e.g. 1,2) and --seconds a positive number", file=sys.stderr)
+        print(
+            "bench_workers: --workers takes positive integers (e.g. 1,2) and --seconds a positive number",
+            file=sys.stderr,
+        )
         return 2
     rows = [measure(a.target, a.family, a.seconds, n) for n in counts]
     base = rows[0]
-    print(f"{'workers':>7}  {'seconds':>7}  {'examples':>8}  {'operations':>10}  {'ops/s':>8}  speed-up (ops)  speed-up (examples)")
+    print(
+        f"{'workers':>7}  {'seconds':>7}  {'examples':>8}  {'operations':>10}  {'ops/s':>8}  "
+        "speed-up (ops)  speed-up (examples)"
+    )
     for r in rows:
-        print(f"{r['workers']:>7.0f}  {r['seconds']:>7.1f}  {r['examples']:>8.0f}  {r['steps']:>10.0f}  {r['steps_per_s']:>8.0f}  "
-              f"{r['steps'] / max(base['steps'], 1):>14.2f}  {r['examples'] / max(base['examples'], 1):>19.2f}")
+        print(
+            f"{r['workers']:>7.0f}  {r['seconds']:>7.1f}  {r['examples']:>8.0f}  {r['steps']:>10.0f}  "
+            f"{r['steps_per_s']:>8.0f}  "
+            f"{r['steps'] / max(base['steps'], 1):>14.2f}  {r['examples'] / max(base['examples'], 1):>19.2f}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0

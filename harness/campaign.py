@@ -39,9 +39,17 @@ EXIT_OK, EXIT_SURVIVED, EXIT_USAGE = 0, 1, 2
 RELATION_CHECKS = ("outcome", "observation")
 # The field an observation divergence names, from the start of equality.observation_differences' message.
 _OBS_FIELDS = (
-    ("group ", "tables"), ("num_cached_block", "num_cached_block"), ("ref counts", "ref_cnt"), ("blocks expected", "ref_cnt"),
-    ("block hashes differ", "block_key"), ("tokens covered", "block_key_tokens"), ("secondary", "secondary_keys"),
-    ("free queue", "free_queue"), ("cached key", "cached"), ("hash map", "cached"), ("block hashes of", "request_block_hashes"),
+    ("group ", "tables"),
+    ("num_cached_block", "num_cached_block"),
+    ("ref counts", "ref_cnt"),
+    ("blocks expected", "ref_cnt"),
+    ("block hashes differ", "block_key"),
+    ("tokens covered", "block_key_tokens"),
+    ("secondary", "secondary_keys"),
+    ("free queue", "free_queue"),
+    ("cached key", "cached"),
+    ("hash map", "cached"),
+    ("block hashes of", "request_block_hashes"),
 )
 
 
@@ -73,10 +81,18 @@ class Row:
 def add_parser(sub: Any) -> None:
     m = sub.add_parser("mutants", help="run the deliberate-bug catalogue as a campaign; exit 1 if a mutant survives")
     m.add_argument("--target", default=None, help="pkg.module:factory: run that manager's own mutants (see --mutants)")
-    m.add_argument("--mutants", default=None, help="pkg.module:callable returning {name: factory} (default: <target module>:mutants)")
-    m.add_argument("--family", default="full", help="families of a user's mutants (comma-separated or 'all'; default full)")
+    m.add_argument(
+        "--mutants",
+        default=None,
+        help="pkg.module:callable returning {name: factory} (default: <target module>:mutants)",
+    )
+    m.add_argument(
+        "--family", default="full", help="families of a user's mutants (comma-separated or 'all'; default full)"
+    )
     m.add_argument("--relation", default="exact", help="equality relation of a user's mutants (default exact)")
-    m.add_argument("--only", default=None, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)")
+    m.add_argument(
+        "--only", default=None, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)"
+    )
     m.add_argument("--seconds", type=float, default=60.0, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=10)
     m.add_argument("--seed", type=int, default=11)
@@ -86,7 +102,9 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--use-db", action="store_true", help="use the example database (default: none, for honest timings)")
     m.add_argument("--out", default="kvspec-reports/mutants", help="where the killing reports go")
     m.add_argument("--no-vllm", action="store_true", help="leave out the runtime vLLM mutants")
-    m.add_argument("--control-seconds", type=float, default=10.0, help="how long the unmutated user target is fuzzed first")
+    m.add_argument(
+        "--control-seconds", type=float, default=10.0, help="how long the unmutated user target is fuzzed first"
+    )
 
 
 # --- the catalogue ---------------------------------------------------------------------------------
@@ -121,7 +139,9 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
         from harness import mutants_vllm as vm
 
         for name in vm.MUTANTS:
-            out.append(Entry(name, "vllm", "exact", f"mutant:{name}", (vm.FAMILIES[name],), _bind(vm.make_mutant_target, name)))
+            out.append(
+                Entry(name, "vllm", "exact", f"mutant:{name}", (vm.FAMILIES[name],), _bind(vm.make_mutant_target, name))
+            )
     return out
 
 
@@ -166,7 +186,9 @@ def user_entries(target: str, mutants: str | None, families: tuple[str, ...], re
             factory, fam = value
             fams = tuple(parse_families(str(fam)))
         if not isinstance(name, str) or not callable(factory):
-            raise ValueError(f"--mutants {spec!r}: entry {name!r} is not a name mapped to a factory (or (factory, family))")
+            raise ValueError(
+                f"--mutants {spec!r}: entry {name!r} is not a name mapped to a factory (or (factory, family))"
+            )
         try:
             check_target(factory, f"{target} mutant {name}")
         except TargetLoadError as e:
@@ -210,8 +232,15 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     from harness.trace import trace_from_json
 
     args = argparse.Namespace(
-        target=entry.target, relation="exact" if entry.mode == "self" else entry.mode, seconds=opts.seconds, seed=opts.seed,
-        profile=opts.profile, batch=opts.batch, shrink_seconds=opts.shrink_seconds, step_timeout=opts.step_timeout, kv_check=False,
+        target=entry.target,
+        relation="exact" if entry.mode == "self" else entry.mode,
+        seconds=opts.seconds,
+        seed=opts.seed,
+        profile=opts.profile,
+        batch=opts.batch,
+        shrink_seconds=opts.shrink_seconds,
+        step_timeout=opts.step_timeout,
+        kv_check=False,
     )
     overrides: dict[str, Any] = {"verbosity": Verbosity.quiet}  # the table is the output, not Hypothesis' notes
     if not opts.use_db:
@@ -223,8 +252,15 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
         note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} examples, {res.steps} steps"
         return Row(entry, killed=False, note=note)
     report = write_report(opts.out, trace_from_json(res.trace))
-    return Row(entry, True, check_of(res.trace["finding"]), res.first_finding_after, time.monotonic() - start,
-               len(res.trace["steps"]), report)
+    return Row(
+        entry,
+        True,
+        check_of(res.trace["finding"]),
+        res.first_finding_after,
+        time.monotonic() - start,
+        len(res.trace["steps"]),
+        report,
+    )
 
 
 def select(entries: list[Entry], only: str | None) -> list[Entry]:
@@ -257,8 +293,17 @@ def uncovered(rows: list[Row]) -> list[str]:
 def render_table(rows: list[Row]) -> Iterator[str]:
     head = ("mutant", "origin", "mode", "family", "killed", "killed by", "1st failure", "report", "shrunk")
     cells = [
-        (r.entry.name, r.entry.origin, r.entry.mode, ",".join(r.entry.families), "yes" if r.killed else "NO",
-         r.check or r.note, _secs(r.first_failure), _secs(r.to_report), "-" if r.shrunk_steps is None else f"{r.shrunk_steps} steps")
+        (
+            r.entry.name,
+            r.entry.origin,
+            r.entry.mode,
+            ",".join(r.entry.families),
+            "yes" if r.killed else "NO",
+            r.check or r.note,
+            _secs(r.first_failure),
+            _secs(r.to_report),
+            "-" if r.shrunk_steps is None else f"{r.shrunk_steps} steps",
+        )
         for r in rows
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
@@ -293,7 +338,11 @@ def mutants_cmd(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     rows = []
     for entry in entries:
-        print(f"kvspec mutants: {entry.origin} {entry.name} ({entry.mode}, {','.join(entry.families)}) ...", file=sys.stderr, flush=True)
+        print(
+            f"kvspec mutants: {entry.origin} {entry.name} ({entry.mode}, {','.join(entry.families)}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append(run_entry(entry, args))
     for line in render_table(rows):
         print(line)
@@ -314,8 +363,11 @@ def _control_passes(args: argparse.Namespace, entries: list[Entry]) -> bool:
     opts = argparse.Namespace(**{**vars(args), "seconds": args.control_seconds})
     row = run_entry(control, opts)
     if row.killed:
-        print(f"kvspec mutants: the unmutated target {args.target} already fails ({row.check}; report {row.report}): "
-              "fix it (or pick --family / --relation) before judging its mutants", file=sys.stderr)
+        print(
+            f"kvspec mutants: the unmutated target {args.target} already fails ({row.check}; report {row.report}): "
+            "fix it (or pick --family / --relation) before judging its mutants",
+            file=sys.stderr,
+        )
     return not row.killed
 
 

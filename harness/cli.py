@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -24,7 +26,9 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvspec", description="Differential fuzzing of KV-cache managers against kvspec's model of vLLM 0.33.")
+    p = argparse.ArgumentParser(
+        prog="kvspec", description="Differential fuzzing of KV-cache managers against kvspec's model of vLLM 0.33."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds")
     f.add_argument("--target", default="spec", help="spec, vllm, impl, mutant:NAME or package.module:factory")
@@ -37,13 +41,31 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--step-timeout", type=float, default=10.0, help="seconds one target call may take")
     f.add_argument("--batch", type=int, default=10, help="examples per family before rotating")
     f.add_argument("--shrink-seconds", type=int, default=10, help="time bound for Hypothesis' shrinking of a finding")
-    f.add_argument("--reduce-seconds", type=float, default=15.0,
-                   help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off")
-    f.add_argument("--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)")
+    f.add_argument(
+        "--reduce-seconds",
+        type=float,
+        default=15.0,
+        help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off",
+    )
+    f.add_argument(
+        "--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)"
+    )
     f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle.py)")
+    f.add_argument(
+        "--strict-known", action="store_true", help="known target bugs (harness/known_bugs.py) fail the run too"
+    )
     f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger.py; on by default)")
-    f.add_argument("--db", default=None, help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)")
-    f.add_argument("--workers", type=int, default=1, help="N processes, one Hypothesis engine each, on the one database; the first finding stops all")
+    f.add_argument(
+        "--db",
+        default=None,
+        help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)",
+    )
+    f.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="N processes, one Hypothesis engine each, on the one database; the first finding stops all",
+    )
     f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
     r = sub.add_parser("replay", help="replay traces (files or folders); exit 1 if any departs from its record")
     r.add_argument("paths", nargs="+")
@@ -53,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="print the report of a trace")
     rp.add_argument("path")
     sub.add_parser("prove", help="run the Z3 proofs", add_help=False)
-    sub.add_parser("pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False)
+    sub.add_parser(
+        "pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False
+    )
     from harness.campaign import add_parser as add_mutants_parser
 
     add_mutants_parser(sub)
@@ -64,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "prove":
         try:
-            from harness.proofs import prove_main  # type: ignore[attr-defined]
+            from harness.proofs import prove_main
         except ImportError as e:
             print(f"kvspec prove: not available: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -77,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
     try:
         if args.command == "fuzz":
-            return fuzz(args)
+            with _restored_environ("KVSPEC_DB", "KVSPEC_LEDGER", "KVSPEC_STRICT_KNOWN"):
+                return fuzz(args)
         if args.command == "replay":
             return replay_cmd(args)
         if args.command == "report":
@@ -90,6 +115,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvspec {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
+
+
+@contextlib.contextmanager
+def _restored_environ(*names: str) -> Iterator[None]:
+    """``fuzz`` hands its options to worker processes through these variables; the caller's
+    environment is put back afterwards (``main`` may be called again in the same process)."""
+    saved = {n: os.environ.get(n) for n in names}
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
 
 
 # --- fuzz ------------------------------------------------------------------------------------------
@@ -121,6 +161,8 @@ def fuzz(args: argparse.Namespace) -> int:
         os.environ["KVSPEC_DB"] = args.db  # this process' profiles, and the workers it starts
     if args.no_ledger:
         os.environ["KVSPEC_LEDGER"] = "0"  # harness.lockstep.ledger_enabled, here and in the workers
+    if args.strict_known:
+        os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.known_bugs.strict_known, likewise
     try:
         factory = fuzz_factory(args)
     except TargetLoadError as e:
@@ -188,12 +230,24 @@ def replay_cmd(args: argparse.Namespace) -> int:
     if args.junit_xml:
         from harness.junit import Case, write_junit
 
-        write_junit(args.junit_xml, "kvspec replay", [
-            Case(f"kvspec.replay.{target}", path, t) if r.ok else
-            Case(f"kvspec.replay.{target}", path, t, failure=r.message, failure_type=r.finding.kind if r.finding else "error",
-                 details=f"{r.message}\ntrace: {path}\nreplay: kvspec replay {path}\n")
-            for path, target, t, r in cases
-        ], sum(c[2] for c in cases))
+        write_junit(
+            args.junit_xml,
+            "kvspec replay",
+            [
+                Case(f"kvspec.replay.{target}", path, t)
+                if r.ok
+                else Case(
+                    f"kvspec.replay.{target}",
+                    path,
+                    t,
+                    failure=r.message,
+                    failure_type=r.finding.kind if r.finding else "error",
+                    details=f"{r.message}\ntrace: {path}\nreplay: kvspec replay {path}\n",
+                )
+                for path, target, t, r in cases
+            ],
+            sum(c[2] for c in cases),
+        )
     return EXIT_OK if bad == 0 else EXIT_FOUND
 
 

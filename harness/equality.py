@@ -30,7 +30,9 @@ class Relation:
 RELATIONS: dict[str, Relation] = {
     "exact": Relation("exact", "outcomes and full observations equal", True, True, True),
     "outcomes": Relation("outcomes", "outcomes equal; observations only checked by invariants", True, True, False),
-    "invariants": Relation("invariants", "no reference; invariants on the target's observation only", False, False, False),
+    "invariants": Relation(
+        "invariants", "no reference; invariants on the target's observation only", False, False, False
+    ),
 }
 
 
@@ -46,7 +48,10 @@ def outcome_difference(expected: Any, actual: Any) -> str | None:
     if expected == actual:
         return None
     if expected is None or actual is None:
-        return f"expected {'None (out of blocks)' if expected is None else 'success'}, got {'None (out of blocks)' if actual is None else 'success'}"
+        return (
+            f"expected {'None (out of blocks)' if expected is None else 'success'}, "
+            f"got {'None (out of blocks)' if actual is None else 'success'}"
+        )
     if isinstance(expected, dict) and isinstance(actual, dict):
         for k in sorted(set(expected) | set(actual)):
             if expected.get(k) != actual.get(k):
@@ -77,11 +82,25 @@ def observation_differences(ref: Observation, tgt: Observation, limit: int = 8) 
         for rid in sorted(set(rt) | set(tt)):
             if rt.get(rid) != tt.get(rid):
                 blocks = tuple(sorted(set(rt.get(rid, ())) ^ set(tt.get(rid, ())) - {0}))
-                out.append(ObsDiff("tables", f"group {g} table of {rid!r}: expected {_fmt(rt.get(rid))}, observed {_fmt(tt.get(rid))}", blocks, (rid,)))
+                out.append(
+                    ObsDiff(
+                        "tables",
+                        f"group {g} table of {rid!r}: expected {_fmt(rt.get(rid))}, observed {_fmt(tt.get(rid))}",
+                        blocks,
+                        (rid,),
+                    )
+                )
     for g, (rc, tc) in enumerate(zip(ref.num_cached_block, tgt.num_cached_block, strict=False)):
         for rid in sorted(set(rc) | set(tc)):
             if rc.get(rid) != tc.get(rid):
-                out.append(ObsDiff("num_cached_block", f"group {g} num_cached_block of {rid!r}: expected {rc.get(rid)}, observed {tc.get(rid)}", (), (rid,)))
+                out.append(
+                    ObsDiff(
+                        "num_cached_block",
+                        f"group {g} num_cached_block of {rid!r}: expected {rc.get(rid)}, observed {tc.get(rid)}",
+                        (),
+                        (rid,),
+                    )
+                )
     if ref.num_blocks != tgt.num_blocks:
         out.append(ObsDiff("ref_cnt", f"{ref.num_blocks} blocks expected, {tgt.num_blocks} observed"))
     else:
@@ -96,28 +115,65 @@ def observation_differences(ref: Observation, tgt: Observation, limit: int = 8) 
         if ref.block_key_tokens and tgt.block_key_tokens and ref.block_key_tokens != tgt.block_key_tokens:
             badt = tuple(b for b in range(ref.num_blocks) if ref.block_key_tokens[b] != tgt.block_key_tokens[b])
             detail = ", ".join(f"{b}: {ref.block_key_tokens[b]} vs {tgt.block_key_tokens[b]}" for b in badt[:6])
-            out.append(ObsDiff("block_key_tokens", f"tokens covered by block keys differ (expected vs observed) {detail}", badt))
+            out.append(
+                ObsDiff(
+                    "block_key_tokens", f"tokens covered by block keys differ (expected vs observed) {detail}", badt
+                )
+            )
     if ref.secondary_keys != tgt.secondary_keys:
-        bads = tuple(sorted(b for b in set(ref.secondary_keys) | set(tgt.secondary_keys) if ref.secondary_keys.get(b) != tgt.secondary_keys.get(b)))
+        bads = tuple(
+            sorted(
+                b
+                for b in set(ref.secondary_keys) | set(tgt.secondary_keys)
+                if ref.secondary_keys.get(b) != tgt.secondary_keys.get(b)
+            )
+        )
         out.append(ObsDiff("secondary_keys", f"secondary (partial-entry) keys differ on block(s) {list(bads)}", bads))
     if ref.free_queue != tgt.free_queue:
-        i = next((i for i, (a, b) in enumerate(zip(ref.free_queue, tgt.free_queue, strict=False)) if a != b), min(len(ref.free_queue), len(tgt.free_queue)))
+        i = next(
+            (i for i, (a, b) in enumerate(zip(ref.free_queue, tgt.free_queue, strict=False)) if a != b),
+            min(len(ref.free_queue), len(tgt.free_queue)),
+        )
         blocks = tuple(sorted(set(ref.free_queue[i : i + 3]) | set(tgt.free_queue[i : i + 3])))
-        out.append(ObsDiff("free_queue", f"free queue differs from position {i}: expected {list(ref.free_queue)}, observed {list(tgt.free_queue)}", blocks))
+        out.append(
+            ObsDiff(
+                "free_queue",
+                f"free queue differs from position {i}: expected {list(ref.free_queue)}, "
+                f"observed {list(tgt.free_queue)}",
+                blocks,
+            )
+        )
     if ref.cached != tgt.cached:
         keys = sorted(set(ref.cached) | set(tgt.cached))
         for k in keys:
             if ref.cached.get(k) != tgt.cached.get(k):
                 ids = tuple(sorted(set(ref.cached.get(k, ())) | set(tgt.cached.get(k, ()))))
-                out.append(ObsDiff("cached", f"cached key {_hk(k)}: expected blocks {_fmt(ref.cached.get(k))}, observed {_fmt(tgt.cached.get(k))}", ids))
+                out.append(
+                    ObsDiff(
+                        "cached",
+                        f"cached key {_hk(k)}: expected blocks {_fmt(ref.cached.get(k))}, "
+                        f"observed {_fmt(tgt.cached.get(k))}",
+                        ids,
+                    )
+                )
                 break
         else:
             out.append(ObsDiff("cached", "hash map insertion order differs"))
     for rid in sorted(set(ref.request_block_hashes) | set(tgt.request_block_hashes)):
         a, b = ref.request_block_hashes.get(rid), tgt.request_block_hashes.get(rid)
         if a != b:
-            n = next((i for i, (x, y) in enumerate(zip(a or (), b or (), strict=False)) if x != y), min(len(a or ()), len(b or ())))
-            out.append(ObsDiff("request_block_hashes", f"block hashes of {rid!r} differ from hash #{n} ({len(a or ())} expected, {len(b or ())} observed)", (), (rid,)))
+            n = next(
+                (i for i, (x, y) in enumerate(zip(a or (), b or (), strict=False)) if x != y),
+                min(len(a or ()), len(b or ())),
+            )
+            out.append(
+                ObsDiff(
+                    "request_block_hashes",
+                    f"block hashes of {rid!r} differ from hash #{n} ({len(a or ())} expected, {len(b or ())} observed)",
+                    (),
+                    (rid,),
+                )
+            )
     return out[:limit]
 
 

@@ -136,7 +136,9 @@ def _hybrid_diff(draw: st.DrawFn) -> KVCacheConfig:
     num_blocks, seq_blocks = draw(_pool(5))
     num_blocks = 1 + 3 * (num_blocks - 1)
     mml = draw(near_multiples(lcm, 2, seq_blocks * lcm))
-    return KVCacheConfig(BlockCount(num_blocks), (full_attention(fa_bs), sliding_window(swa_bs, window)), TokenCount(max(2, mml)))
+    return KVCacheConfig(
+        BlockCount(num_blocks), (full_attention(fa_bs), sliding_window(swa_bs, window)), TokenCount(max(2, mml))
+    )
 
 
 @st.composite

@@ -38,6 +38,8 @@ class FuzzResult:
     stopped: str | None = None  # the run stopped on an exception that is not a finding
     first_finding_after: float | None = None
     shrunk_steps: int | None = None  # the finding's length after Hypothesis' shrinking, before reduction
+    known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
+    known_traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # known bug id -> its first trace
 
     def add(self, other: FuzzResult) -> None:
         """Merge another worker's counts (not its finding)."""
@@ -48,6 +50,9 @@ class FuzzResult:
         for fam, t in other.family_time.items():
             self.family_time[fam] = self.family_time.get(fam, 0.0) + t
         self.skipped.update(other.skipped)
+        self.known.update(other.known)
+        for bug_id, trace in other.known_traces.items():
+            self.known_traces.setdefault(bug_id, trace)
 
 
 def fuzz_factory(args: argparse.Namespace) -> Callable[[], Any]:
@@ -79,7 +84,7 @@ def run_fuzz(
     ``settings_overrides`` go to the profile's Hypothesis settings (e.g. ``database=None``)."""
     from harness.machine import RunStats, make_machine, run_machine
     from harness.profiles import generates, profile_settings
-    from harness.trace import trace_to_json
+    from harness.trace import Trace, trace_to_json
 
     stats = RunStats()
     machines = {
@@ -101,7 +106,12 @@ def run_fuzz(
         batch += 1
         t0 = time.monotonic()
         try:
-            run_machine(machines[fam], profile_settings(args.profile, **{"max_examples": args.batch, **(settings_overrides or {})}), seed=seed, shrink_seconds=args.shrink_seconds)
+            run_machine(
+                machines[fam],
+                profile_settings(args.profile, **{"max_examples": args.batch, **(settings_overrides or {})}),
+                seed=seed,
+                shrink_seconds=args.shrink_seconds,
+            )
         except unittest.SkipTest as e:  # the replay profile with nothing stored for this machine is no run at all
             if last_batch is None:
                 res.found_family, res.stopped = fam, f"SkipTest: {e}"
@@ -126,6 +136,19 @@ def run_fuzz(
             on_batch(res, res.elapsed)
     res.examples, res.steps = stats.examples, stats.steps
     res.events = Counter(stats.events)
+    res.known = Counter(stats.known)
+    for bug_id, (finding, steps, config) in stats.known_first.items():
+        known = Trace(
+            config=config,
+            steps=steps,
+            target_name=args.target,
+            target_version=stats.target_version,
+            seed=args.seed,
+            profile=args.profile,
+            relation=args.relation,
+            finding=finding.to_json(),
+        )
+        res.known_traces.setdefault(bug_id, trace_to_json(known))
     res.skipped = dict(stats.skipped)
     res.elapsed = time.monotonic() - start
     return res
@@ -153,14 +176,25 @@ def finding_trace(stats: Any, target: str, seed: int | None, profile: str | None
 
     if stats.finding is None or stats.finding_config is None:
         return None
-    return Trace(config=stats.finding_config, steps=stats.finding_steps, target_name=target, target_version=stats.target_version,
-                 seed=seed, profile=profile, family=family, relation=relation, finding=stats.finding.to_json())
+    return Trace(
+        config=stats.finding_config,
+        steps=stats.finding_steps,
+        target_name=target,
+        target_version=stats.target_version,
+        seed=seed,
+        profile=profile,
+        family=family,
+        relation=relation,
+        finding=stats.finding.to_json(),
+    )
 
 
 def progress_line(elapsed: float, res: FuzzResult, families: list[str], workers: int = 1) -> str:
     who = f"  {workers} workers" if workers > 1 else ""
-    return (f"\r{elapsed:6.1f}s  {res.steps / max(elapsed, 1e-9):8.0f} steps/s  {res.examples:6d} examples  "
-            f"families {len(res.batches)}/{len(families)}{who}   ")
+    return (
+        f"\r{elapsed:6.1f}s  {res.steps / max(elapsed, 1e-9):8.0f} steps/s  {res.examples:6d} examples  "
+        f"families {len(res.batches)}/{len(families)}{who}   "
+    )
 
 
 def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, verbose: bool) -> int:
@@ -177,17 +211,44 @@ def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, 
     if res.trace is not None:
         trace = trace_from_json(res.trace)
         report = write_report(args.out, trace)
-        print(f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
-              f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})")
-        print(f"kvspec fuzz: report written to {report} after {el:.1f}s ({len(trace.steps)} steps; replay with: kvspec replay {report})")
+        print(
+            f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
+            f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})"
+        )
+        print(
+            f"kvspec fuzz: report written to {report} after {el:.1f}s "
+            f"({len(trace.steps)} steps; replay with: kvspec replay {report})"
+        )
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
     else:
-        print(f"kvspec fuzz: no finding; target {args.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
-              f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(families)}")
+        print(
+            f"kvspec fuzz: no finding; target {args.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
+            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(families)}"
+        )
+    _print_known(args, res)
     if getattr(args, "junit_xml", None):
         _write_fuzz_junit(args, families, res, report)
     return EXIT_OK if res.trace is None and res.stopped is None else EXIT_FOUND
+
+
+def _print_known(args: argparse.Namespace, res: FuzzResult) -> None:
+    """The known bugs met (they do not fail the run): hits, and one report each, written once."""
+    from pathlib import Path
+
+    from harness.known_bugs import get_known_bug
+    from harness.report import write_report
+    from harness.trace import trace_from_json
+
+    for bug_id, hits in sorted(res.known.items()):
+        bug = get_known_bug(bug_id)
+        name = f"known-{bug.id}-{bug.name}"
+        where = Path(args.out) / name
+        if not where.exists() and bug_id in res.known_traces:
+            where = write_report(args.out, trace_from_json(res.known_traces[bug_id]), name=name)
+        print(
+            f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
+        )
 
 
 def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> None:
@@ -200,7 +261,16 @@ def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzRe
         if fam == res.found_family and (res.trace is not None or res.stopped is not None):
             msg = res.summary or f"the run stopped on {res.stopped}"
             details = f"{msg}\nreport: {report}\nreplay: kvspec replay {report}\n" if report else msg
-            cases.append(Case(cls, fam, t, failure=msg, failure_type=(res.trace or {}).get("finding", {}).get("kind", "error"), details=details))
+            cases.append(
+                Case(
+                    cls,
+                    fam,
+                    t,
+                    failure=msg,
+                    failure_type=(res.trace or {}).get("finding", {}).get("kind", "error"),
+                    details=details,
+                )
+            )
         elif fam in res.skipped:
             cases.append(Case(cls, fam, t, skipped=f"the target models none of this family: {res.skipped[fam]}"))
         elif not res.batches.get(fam):

@@ -41,12 +41,20 @@ def render_junit(suite: str, cases: list[Case], time: float) -> bytes:
     """The JUnit XML document: ``<testsuites>`` holding one ``<testsuite>``."""
     failures = sum(c.failure is not None for c in cases)
     skipped = sum(c.skipped is not None and c.failure is None for c in cases)
-    attrs = {"name": suite, "tests": str(len(cases)), "failures": str(failures), "errors": "0",
-             "skipped": str(skipped), "time": f"{time:.3f}"}
+    attrs = {
+        "name": suite,
+        "tests": str(len(cases)),
+        "failures": str(failures),
+        "errors": "0",
+        "skipped": str(skipped),
+        "time": f"{time:.3f}",
+    }
     root = ET.Element("testsuites", attrs)
     ts = ET.SubElement(root, "testsuite", attrs)
     for c in cases:
-        tc = ET.SubElement(ts, "testcase", {"classname": _clean(c.classname), "name": _clean(c.name), "time": f"{c.time:.3f}"})
+        tc = ET.SubElement(
+            ts, "testcase", {"classname": _clean(c.classname), "name": _clean(c.name), "time": f"{c.time:.3f}"}
+        )
         if c.failure is not None:
             el = ET.SubElement(tc, "failure", {"message": _clean(c.failure), "type": _clean(c.failure_type)})
             el.text = _clean(c.details or c.failure)

@@ -234,7 +234,9 @@ class KVSchedule(Generic[R]):
                 self.events.published(r, blocks, promised_end)
 
 
-def get_publications(before: Observation | None, obs: Observation, rid: str, config: KVCacheConfig) -> list[Publication]:
+def get_publications(
+    before: Observation | None, obs: Observation, rid: str, config: KVCacheConfig
+) -> list[Publication]:
     """Blocks of ``rid``'s tables whose primary key appeared or changed between ``before`` and ``obs``,
     with the positions the key covers (``block_key_tokens`` when the target reports it; else the
     whole block, capped at the request's hashed tokens)."""
@@ -253,7 +255,9 @@ def get_publications(before: Observation | None, obs: Observation, rid: str, con
     return out
 
 
-def get_fresh_blocks(before: Observation | None, obs: Observation, rid: str, hits: list[list[int]], out: Any) -> set[int]:
+def get_fresh_blocks(
+    before: Observation | None, obs: Observation, rid: str, hits: list[list[int]], out: Any
+) -> set[int]:
     """The blocks an allocation handed out fresh: in ``rid``'s new tables, neither kept at their index
     from before nor adopted at their index from the lookup ``hits`` (a hit the window passed is left
     untouched and may come back fresh elsewhere, docs/semantics.md §3.4), and every new block the

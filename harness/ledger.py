@@ -71,7 +71,9 @@ class LedgerRequest(ScheduledRequest):
 class LedgerBroken(Exception):
     """Raised inside the events at the first violation; the checker turns it into a finding."""
 
-    def __init__(self, violation: LedgerViolation, kind: AccessKind, request: LedgerRequest, run: ModelRun | None) -> None:
+    def __init__(
+        self, violation: LedgerViolation, kind: AccessKind, request: LedgerRequest, run: ModelRun | None
+    ) -> None:
         super().__init__(str(violation))
         self.violation, self.kind, self.request, self.run = violation, kind, request, run
 
@@ -94,7 +96,9 @@ class LedgerEvents:
     def new_request(self, rec: BookRequest) -> LedgerRequest:
         embeds = None if rec.prompt_embeds is None else tuple(bytes.fromhex(r) for r in rec.prompt_embeds)
         mm = tuple(MMFeature(m.identifier, m.offset, m.length) for m in rec.mm_features)
-        features = HashFeatures(lora=rec.lora, mm_features=tuple(sorted(mm, key=lambda m: m.offset)), prompt_embeds=embeds)
+        features = HashFeatures(
+            lora=rec.lora, mm_features=tuple(sorted(mm, key=lambda m: m.offset)), prompt_embeds=embeds
+        )
         r = LedgerRequest(rec, encoder=mm)
         r.ids = SequenceIdentities(self.trie, rec.request_id, features)
         return r
@@ -106,7 +110,12 @@ class LedgerEvents:
     def released(self, candidates: Collection[int] | None) -> None:
         obs = self._obs()
         for b in get_written_blocks(self.ledger) if candidates is None else candidates:
-            if 0 < b < obs.num_blocks and obs.ref_cnt[b] <= 0 and obs.block_key[b] is None and b not in obs.secondary_keys:
+            if (
+                0 < b < obs.num_blocks
+                and obs.ref_cnt[b] <= 0
+                and obs.block_key[b] is None
+                and b not in obs.secondary_keys
+            ):
                 clear_block(self.ledger, BlockId(b))
 
     def load(self, r: LedgerRequest, a: int, b: int) -> None:
@@ -167,7 +176,9 @@ class LedgerEvents:
         assert self.obs is not None, "the ledger saw an event before an observation"
         return self.obs
 
-    def _accesses(self, r: LedgerRequest, positions: range, ids: Sequence[KVIdentity], writes: bool) -> list[SlotAccess]:
+    def _accesses(
+        self, r: LedgerRequest, positions: range, ids: Sequence[KVIdentity], writes: bool
+    ) -> list[SlotAccess]:
         out: list[SlotAccess] = []
         for g, spec in enumerate(self.config.groups):
             if spec.kind != "cross":
@@ -175,8 +186,14 @@ class LedgerEvents:
         return out
 
     def _group_accesses(
-        self, r: LedgerRequest, g: int, spec: AttentionSpec, positions: range, ids: Sequence[KVIdentity],
-        run: ModelRun | None, writes: bool = False,
+        self,
+        r: LedgerRequest,
+        g: int,
+        spec: AttentionSpec,
+        positions: range,
+        ids: Sequence[KVIdentity],
+        run: ModelRun | None,
+        writes: bool = False,
     ) -> list[SlotAccess]:
         obs = self._obs()
         table = obs.tables[g].get(r.rid, ())
@@ -241,8 +258,16 @@ class LedgerEvents:
             earlier = self.step_reads.get((x.block, x.offset))
             if earlier is not None and earlier[0].expected != x.expected:  # read earlier in this step
                 read, reader = earlier
-                bad = SlotAccess(read.request_id, read.group, read.position, read.token, read.block, read.offset,
-                                 read.expected, x.expected)
+                bad = SlotAccess(
+                    read.request_id,
+                    read.group,
+                    read.position,
+                    read.token,
+                    read.block,
+                    read.offset,
+                    read.expected,
+                    x.expected,
+                )
                 self._check("read", [bad], reader, None)
             write_slot(self.ledger, BlockId(x.block), x.offset, x.expected)
 
@@ -317,10 +342,27 @@ class LedgerChecker:
             token = get_first_reader(spec, e.run.start, e.run.end, a.position)
         describe = self.events.trie.describe
         return LedgerFinding(
-            v.name, v.rule, e.kind, a.request_id, a.group, spec.kind, spec.block_size, window, chunk,
-            len(r.rec.prompt_token_ids), r.rec.num_tokens, token, a.position, a.block, a.offset,
-            describe(a.expected), describe(a.held), source, e.run.recompute if e.run is not None else None,
-            a.shared, self.op_index,
+            v.name,
+            v.rule,
+            e.kind,
+            a.request_id,
+            a.group,
+            spec.kind,
+            spec.block_size,
+            window,
+            chunk,
+            len(r.rec.prompt_token_ids),
+            r.rec.num_tokens,
+            token,
+            a.position,
+            a.block,
+            a.offset,
+            describe(a.expected),
+            describe(a.held),
+            source,
+            e.run.recompute if e.run is not None else None,
+            a.shared,
+            self.op_index,
         )
 
 

@@ -62,7 +62,9 @@ class LedgerFinding:
     def description(self) -> str:
         """The signature in one line, e.g. ``kv_read_in_real_block: chunked_local(C=5, bs=2), prompt 6
         tokens, position from a prefix hit``."""
-        size = f"W={self.window}, " if self.window is not None else f"C={self.chunk}, " if self.chunk is not None else ""
+        size = (
+            f"W={self.window}, " if self.window is not None else f"C={self.chunk}, " if self.chunk is not None else ""
+        )
         out = f"{self.invariant}: {self.group_kind}({size}bs={self.block_size}), prompt {self.prompt_len} tokens"
         out += f", position from {self.source.replace('-', ' ')}"
         if self.recompute is not None:
@@ -71,9 +73,19 @@ class LedgerFinding:
 
     @property
     def summary(self) -> str:
-        where = "past the table" if self.block is None else "in the null block" if self.block == 0 else f"in block {self.block} slot {self.slot}"
+        where = (
+            "past the table"
+            if self.block is None
+            else "in the null block"
+            if self.block == 0
+            else f"in block {self.block} slot {self.slot}"
+        )
         verb = VERBS[self.access]
-        what = f"token {self.token} {verb} position {self.position}" if self.access != "publish" else f"publishes position {self.position}"
+        what = (
+            f"token {self.token} {verb} position {self.position}"
+            if self.access != "publish"
+            else f"publishes position {self.position}"
+        )
         return (
             f"{self.description}. Request {self.request_id}: {what} {where} (group {self.group}); "
             f"needs {self.expected}, holds {self.held}"
@@ -90,14 +102,20 @@ class LedgerFinding:
             ("invariant", f"`{self.invariant}` ({self.rule}, docs/semantics.md)"),
             ("access", self.access),
             ("request", f"`{self.request_id}` (prompt {self.prompt_len} tokens, {self.num_tokens} now)"),
-            ("group", f"{self.group}: {self.group_kind}, block size {self.block_size}"
-             + (f", window {self.window}" if self.window is not None else "")
-             + (f", chunk {self.chunk}" if self.chunk is not None else "")),
+            (
+                "group",
+                f"{self.group}: {self.group_kind}, block size {self.block_size}"
+                + (f", window {self.window}" if self.window is not None else "")
+                + (f", chunk {self.chunk}" if self.chunk is not None else ""),
+            ),
             ("token / position", f"{self.token} / {self.position}"),
             ("block / slot", f"{'-' if self.block is None else self.block} / {self.slot}"),
             ("expected", self.expected),
             ("held", self.held),
-            ("position came from", self.source + (f"; token recomputed after {self.recompute}" if self.recompute else "")),
+            (
+                "position came from",
+                self.source + (f"; token recomputed after {self.recompute}" if self.recompute else ""),
+            ),
         ]
         lines = ["## KV ledger", "", self.summary, "", "| field | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in rows]

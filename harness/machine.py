@@ -51,6 +51,8 @@ class RunStats:
     target_version: str = ""
     started: float = 0.0  # time.monotonic() when the campaign started
     first_finding_after: float | None = None  # seconds to the first failing example (before shrinking)
+    known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
+    known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig]] = field(default_factory=dict)
 
 
 def _when(name: str) -> Callable[[Any], bool]:
@@ -149,7 +151,9 @@ class KVMachine(RuleBasedStateMachine):
         config = data.draw(configs(self.family, kv_safe=self.kv_check), label="config")
         features = workload_features(self.family)
         if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
-            config = dataclasses.replace(config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark"))
+            config = dataclasses.replace(
+                config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark")
+            )
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, kv_check=self.kv_check, features=features)
         target = type(self).target_factory()
@@ -201,6 +205,9 @@ class KVMachine(RuleBasedStateMachine):
                 self.stats.events[f"{self.family}:{name}"] += n
         if self.ls is not None:
             self.stats.ops.update(self.ls.op_counts)
+            self.stats.known.update(self.ls.known_hits)
+            for bug_id, (finding, steps) in self.ls.known_first.items():
+                self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
 
 
 def make_machine(
@@ -225,7 +232,9 @@ def make_machine(
     return cls
 
 
-def run_machine(cls: type[KVMachine], hyp_settings: settings, seed: int | None = None, shrink_seconds: int = 60) -> None:
+def run_machine(
+    cls: type[KVMachine], hyp_settings: settings, seed: int | None = None, shrink_seconds: int = 60
+) -> None:
     """Run the machine as one Hypothesis test; raises (after shrinking) on a finding.
 
     Shrinking is bounded by ``shrink_seconds`` (Hypothesis' own bound is 300 s, an internal
@@ -258,6 +267,6 @@ def _run(cls: type[KVMachine], hyp_settings: settings, seed: int | None, shrink_
     saved = engine.MAX_SHRINKING_SECONDS
     engine.MAX_SHRINKING_SECONDS = shrink_seconds
     try:
-        run_state_machine_as_test(factory, settings=hyp_settings)
+        run_state_machine_as_test(factory, settings=hyp_settings)  # type: ignore[arg-type]
     finally:
         engine.MAX_SHRINKING_SECONDS = saved

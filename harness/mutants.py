@@ -50,7 +50,8 @@ def _swa_skip_n_minus_w(orig: Callable[..., Any]) -> Callable[..., Any]:
 
     def get_num_skipped_tokens(spec: Any, num_computed_tokens: int) -> int:
         if spec.kind == "sliding_window":
-            return max(0, num_computed_tokens - spec.sliding_window)
+            window: int = spec.sliding_window
+            return max(0, num_computed_tokens - window)
         return int(orig(spec, num_computed_tokens))
 
     return get_num_skipped_tokens
@@ -72,7 +73,9 @@ def _cache_drafts(orig: Callable[..., Any]) -> Callable[..., Any]:
 
     def allocate_slots(state: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         if request.spec_token_ids:
-            request = rq.append_output_token_ids(dataclasses.replace(request, spec_token_ids=()), request.spec_token_ids)
+            request = rq.append_output_token_ids(
+                dataclasses.replace(request, spec_token_ids=()), request.spec_token_ids
+            )
         return orig(state, request, *args, **kwargs)
 
     return allocate_slots
@@ -116,7 +119,8 @@ def _patched(module: Any, name: str, wrapper: Callable[..., Any], keep: tuple[st
     original = getattr(module, name)
     replacement = wrapper(original)
     holders = [
-        m for n, m in list(sys.modules.items())
+        m
+        for n, m in list(sys.modules.items())
         if (n == "spec" or n.startswith("spec.")) and not n.startswith(keep) and getattr(m, name, None) is original
     ]
     for m in holders:

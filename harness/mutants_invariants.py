@@ -121,7 +121,7 @@ def _cached_count_kept_on_free(orig: Callable[..., Any]) -> Callable[..., Any]:
             return out
         group = out.groups[gid]
         kept = dataclasses.replace(group, num_cached_block={**group.num_cached_block, request_id: 0})
-        return dataclasses.replace(out, groups=out.groups[:gid] + (kept,) + out.groups[gid + 1:])
+        return dataclasses.replace(out, groups=out.groups[:gid] + (kept,) + out.groups[gid + 1 :])
 
     return free
 
@@ -129,7 +129,9 @@ def _cached_count_kept_on_free(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _hit_stops_one_early(orig: Callable[..., Any]) -> Callable[..., Any]:
     """The full-attention hit walk stops one block before the cap (``range(n - 1)``)."""
 
-    def find_longest_cache_hit_full(cached_at: Any, num_groups: int, max_length: int, block_size: int, alignment: int) -> Any:
+    def find_longest_cache_hit_full(
+        cached_at: Any, num_groups: int, max_length: int, block_size: int, alignment: int
+    ) -> Any:
         return orig(cached_at, num_groups, max(0, max_length - block_size), block_size, alignment)
 
     return find_longest_cache_hit_full
@@ -217,8 +219,18 @@ def _free_evicts_eagerly(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _key_without_group(orig: Callable[..., Any]) -> Callable[..., Any]:
     """The group id is left out when publishing: every group's blocks are stored under group 0's key."""
 
-    def cache_full_blocks(pool: Any, tokens: Any, view: Any, table: Any, num_cached: int, num_full: int,
-                          block_size: int, gid: Any, *args: Any, **kwargs: Any) -> Any:
+    def cache_full_blocks(
+        pool: Any,
+        tokens: Any,
+        view: Any,
+        table: Any,
+        num_cached: int,
+        num_full: int,
+        block_size: int,
+        gid: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         return orig(pool, tokens, view, table, num_cached, num_full, block_size, GroupId(0), *args, **kwargs)
 
     return cache_full_blocks
@@ -244,7 +256,7 @@ def _cached_count_past_table(orig: Callable[..., Any]) -> Callable[..., Any]:
         if n is None or n != len(table) or n == state.groups[gid].num_cached_block.get(rid):
             return out
         bumped = dataclasses.replace(group, num_cached_block={**group.num_cached_block, rid: n + 1})
-        return dataclasses.replace(out, groups=out.groups[:gid] + (bumped,) + out.groups[gid + 1:])
+        return dataclasses.replace(out, groups=out.groups[:gid] + (bumped,) + out.groups[gid + 1 :])
 
     return cache_blocks
 
@@ -256,8 +268,11 @@ def _store_recycles_duplicate(orig: Callable[..., Any]) -> Callable[..., Any]:
     def cache_blocks(state: Any, gid: Any, request: Any, num_tokens: int, alignment: int) -> Any:
         out = orig(state, gid, request, num_tokens, alignment)
         pool = out.pool
-        old = [ids[0] for k, ids in pool.cached.items() if len(ids) > len(state.pool.cached.get(k, ())) > 0
-               and pool.ref_cnt[ids[0]] == 0]
+        old = [
+            ids[0]
+            for k, ids in pool.cached.items()
+            if len(ids) > len(state.pool.cached.get(k, ())) > 0 and pool.ref_cnt[ids[0]] == 0
+        ]
         if not old:
             return out
         pool = block_pool.evict_blocks(pool, old)

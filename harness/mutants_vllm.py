@@ -88,16 +88,41 @@ def _cache_drafts(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 # name -> (module, class, method, wrapper factory, one-line description)
 MUTANTS: dict[str, tuple[str, str, str, Wrapper, str]] = {
-    "vllm_free_order_appended": ("vllm.v1.core.block_pool", "BlockPool", "free_blocks", _free_order_appended,
-                                 "free_blocks appends unhashed blocks instead of prepending them"),
-    "vllm_hit_cap_num_tokens": ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "get_computed_blocks",
-                                _hit_cap_num_tokens, "prefix hit capped at num_tokens, not num_tokens - 1"),
-    "vllm_swa_skip_n_minus_w": ("vllm.v1.core.single_type_kv_cache_manager", "SlidingWindowManager",
-                                "get_num_skipped_tokens", _swa_skip_n_minus_w, "sliding window skips n - W tokens"),
-    "vllm_hits_not_touched": ("vllm.v1.core.block_pool", "BlockPool", "touch", _hits_not_touched,
-                              "prefix hits adopted without touch"),
-    "vllm_cache_drafts": ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "allocate_slots", _cache_drafts,
-                          "draft tokens hashed and cached as verified tokens"),
+    "vllm_free_order_appended": (
+        "vllm.v1.core.block_pool",
+        "BlockPool",
+        "free_blocks",
+        _free_order_appended,
+        "free_blocks appends unhashed blocks instead of prepending them",
+    ),
+    "vllm_hit_cap_num_tokens": (
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager",
+        "get_computed_blocks",
+        _hit_cap_num_tokens,
+        "prefix hit capped at num_tokens, not num_tokens - 1",
+    ),
+    "vllm_swa_skip_n_minus_w": (
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "SlidingWindowManager",
+        "get_num_skipped_tokens",
+        _swa_skip_n_minus_w,
+        "sliding window skips n - W tokens",
+    ),
+    "vllm_hits_not_touched": (
+        "vllm.v1.core.block_pool",
+        "BlockPool",
+        "touch",
+        _hits_not_touched,
+        "prefix hits adopted without touch",
+    ),
+    "vllm_cache_drafts": (
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager",
+        "allocate_slots",
+        _cache_drafts,
+        "draft tokens hashed and cached as verified tokens",
+    ),
 }
 
 FAMILIES = {

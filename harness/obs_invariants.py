@@ -11,8 +11,9 @@ events are invisible until it hands them over (``EventLedger``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from harness.observation import Observation
 from spec.block_pool import BlockPool
@@ -95,7 +96,7 @@ class EventLedger:
                 self.count.clear()
                 continue
             gid = int(e["group_id"]).to_bytes(4, "big")  # type: ignore[call-overload]
-            for h in e["block_hashes"]:  # type: ignore[union-attr]
+            for h in cast(Iterable[object], e["block_hashes"]):
                 key = bytes.fromhex(str(h)) + gid
                 self.count[key] += 1 if t == "BlockStored" else -1
 
@@ -109,7 +110,8 @@ class EventLedger:
                 out.append(
                     ObsViolation(
                         "events_replay",
-                        f"events say key {key[:-4].hex()[:12]}/g{get_group_id(BlockKey(key))} is stored {got} time(s), the map holds {want} block(s)",
+                        f"events say key {key[:-4].hex()[:12]}/g{get_group_id(BlockKey(key))} is stored {got} time(s), "
+                        f"the map holds {want} block(s)",
                         tuple(obs.cached.get(key, ())),
                     )
                 )

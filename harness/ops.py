@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from spec.request import RequestStatus
 
@@ -209,7 +209,7 @@ Op = (
 )
 
 OP_TYPES: dict[str, type] = {
-    cls.__dataclass_fields__["op"].default: cls  # type: ignore[attr-defined]
+    cast(str, cls.__dataclass_fields__["op"].default): cls
     for cls in (
         AddRequest,
         AppendOutputTokens,

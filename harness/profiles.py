@@ -41,7 +41,9 @@ def _database(spec: str) -> ExampleDatabase:
         return DirectoryBasedExampleDatabase(spec)
     url = urlsplit(spec)
     if url.scheme != "redis":
-        raise ValueError(f"example database {spec!r}: unknown scheme {url.scheme!r} (use a folder or redis://host:port/n)")
+        raise ValueError(
+            f"example database {spec!r}: unknown scheme {url.scheme!r} (use a folder or redis://host:port/n)"
+        )
     try:
         port = url.port or 6379
     except ValueError:
@@ -53,7 +55,9 @@ def _database(spec: str) -> ExampleDatabase:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError as e:
-        raise ValueError(f"example database {spec!r} needs the redis client (pip install redis; ci/setup installs it): {e}") from None
+        raise ValueError(
+            f"example database {spec!r} needs the redis client (pip install redis; ci/setup installs it): {e}"
+        ) from None
     client = redis.Redis(host=url.hostname, port=port, db=int(path), password=url.password, socket_connect_timeout=5)
     return RedisExampleDatabase(client)
 
@@ -68,7 +72,9 @@ def check_database(spec: str | None = None) -> ExampleDatabase:
             socket.create_connection((kw["host"], kw["port"]), timeout=5).close()  # refused at once, no client retries
             client.ping()
         except Exception as e:  # redis.ConnectionError, a timeout, an auth error
-            raise ValueError(f"example database {spec or os.environ.get('KVSPEC_DB')!r}: cannot reach it: {e}") from None
+            raise ValueError(
+                f"example database {spec or os.environ.get('KVSPEC_DB')!r}: cannot reach it: {e}"
+            ) from None
     return db
 
 

@@ -40,7 +40,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kvspec-family", default="all", help="comma-separated families, or 'all' (default)")
     g.addoption("--kvspec-relation", default="exact", help="exact (default), outcomes or invariants")
     g.addoption("--kvspec-out", default="kvspec-reports", help="where reports of findings are written")
-    g.addoption("--kvspec-db", default=None, help="example database: folder or redis://host:port/n (default: KVSPEC_DB, else the profile's)")
+    g.addoption(
+        "--kvspec-db",
+        default=None,
+        help="example database: folder or redis://host:port/n (default: KVSPEC_DB, else the profile's)",
+    )
     g.addoption("--kvspec-step-timeout", type=float, default=10.0, help="seconds one target call may take")
     g.addoption("--kvspec-shrink-seconds", type=int, default=20, help="time bound for shrinking a finding (default 20)")
     g.addoption("--kvspec-only", action="store_true", help="collect only kvspec's machines, not the rest of the suite")
@@ -66,9 +70,16 @@ def pytest_configure(config: pytest.Config) -> None:
         db = _database(config.getoption("kvspec_db"))
     except (ValueError, TargetLoadError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    _OPTIONS.update(target=target, factory=factory, families=families, relation=relation, db=db,
-                    out=config.getoption("kvspec_out"), step_timeout=config.getoption("kvspec_step_timeout"),
-                    shrink_seconds=config.getoption("kvspec_shrink_seconds"))
+    _OPTIONS.update(
+        target=target,
+        factory=factory,
+        families=families,
+        relation=relation,
+        db=db,
+        out=config.getoption("kvspec_out"),
+        step_timeout=config.getoption("kvspec_step_timeout"),
+        shrink_seconds=config.getoption("kvspec_shrink_seconds"),
+    )
     if config.getoption("kvspec_only"):
         config.args[:] = [str(SUITE)]
     elif str(SUITE) not in config.args:
@@ -96,12 +107,27 @@ def machine_settings(db: Any) -> Any:
     """The loaded Hypothesis profile, with what kvspec's machines need (no deadline, the database)."""
     from hypothesis import HealthCheck, settings
 
-    return settings(settings.default, deadline=None, database=db, report_multiple_bugs=False, print_blob=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    return settings(
+        settings.default,
+        deadline=None,
+        database=db,
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
 
 
-def run_family(factory: Callable[[], Any], target: str, family: str, relation: str = "exact", out: str = "kvspec-reports",
-               db: Any = None, step_timeout: float | None = 10.0, hyp_settings: Any = None, shrink_seconds: int = 20) -> None:
+def run_family(
+    factory: Callable[[], Any],
+    target: str,
+    family: str,
+    relation: str = "exact",
+    out: str = "kvspec-reports",
+    db: Any = None,
+    step_timeout: float | None = 10.0,
+    hyp_settings: Any = None,
+    shrink_seconds: int = 20,
+) -> None:
     """Run kvspec's state machine for one family; a finding fails the test with its report path."""
     from harness.fuzzing import finding_trace
     from harness.machine import RunStats, make_machine, run_machine
@@ -129,14 +155,30 @@ def make_testcase(family: str) -> type[unittest.TestCase]:
     machine = make_machine(family, o["factory"], o["target"], o["relation"], RunStats(), o["step_timeout"])
 
     def runTest(self: unittest.TestCase) -> None:
-        run_family(o["factory"], o["target"], family, o["relation"], o["out"], step_timeout=o["step_timeout"],
-                   hyp_settings=type(self).settings, shrink_seconds=o["shrink_seconds"])  # type: ignore[attr-defined]
+        run_family(
+            o["factory"],
+            o["target"],
+            family,
+            o["relation"],
+            o["out"],
+            step_timeout=o["step_timeout"],
+            hyp_settings=type(self).settings,  # type: ignore[attr-defined]
+            shrink_seconds=o["shrink_seconds"],
+        )
 
     runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
     runTest._hypothesis_state_machine_class = machine  # type: ignore[attr-defined]
     name = f"TestKVSpec_{family}"
-    return type(name, (unittest.TestCase,), {"runTest": runTest, "settings": machine_settings(o["db"]),
-                                             "pytestmark": [pytest.mark.kvspec], "__module__": "harness.pytest_suite"})
+    return type(
+        name,
+        (unittest.TestCase,),
+        {
+            "runTest": runTest,
+            "settings": machine_settings(o["db"]),
+            "pytestmark": [pytest.mark.kvspec],
+            "__module__": "harness.pytest_suite",
+        },
+    )
 
 
 def suite_testcases() -> dict[str, type[unittest.TestCase]]:
@@ -167,7 +209,9 @@ class KVSpecFixture:
         except (ValueError, TargetLoadError) as e:
             pytest.fail(f"kvspec: {e}", pytrace=False)
         for fam in families:
-            run_family(factory, name, fam, relation, self.out, self.db, self.step_timeout, shrink_seconds=self.shrink_seconds)
+            run_family(
+                factory, name, fam, relation, self.out, self.db, self.step_timeout, shrink_seconds=self.shrink_seconds
+            )
 
 
 @pytest.fixture
@@ -176,5 +220,9 @@ def kvspec(pytestconfig: pytest.Config) -> KVSpecFixture:
         db = _database(pytestconfig.getoption("kvspec_db"))
     except ValueError as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    return KVSpecFixture(pytestconfig.getoption("kvspec_out"), db, pytestconfig.getoption("kvspec_step_timeout"),
-                         pytestconfig.getoption("kvspec_shrink_seconds"))
+    return KVSpecFixture(
+        pytestconfig.getoption("kvspec_out"),
+        db,
+        pytestconfig.getoption("kvspec_step_timeout"),
+        pytestconfig.getoption("kvspec_shrink_seconds"),
+    )

@@ -32,7 +32,9 @@ def replay(trace: Trace, target_factory: Callable[[], Target], step_timeout: flo
             out = ls.apply(op)
             diff = outcome_difference(recorded, out)
             if diff is not None:
-                f = Finding("differs-from-record", i, f"outcome differs from the recorded one: {diff}", None, recorded, out)
+                f = Finding(
+                    "differs-from-record", i, f"outcome differs from the recorded one: {diff}", None, recorded, out
+                )
                 return ReplayResult(False, i + 1, f"step {i} ({op.op}): {f.message}", f)
     except FindingError as e:
         return ReplayResult(False, (e.finding.step or 0) + 1, e.finding.summary(), e.finding)

@@ -58,7 +58,9 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
     try:
         (tmp / "trace.json").write_text(dumps_trace(trace), encoding="utf-8")
         ident = "".join(c if c.isalnum() else "_" for c in dest.name)
-        (tmp / f"test_replay_{ident}.py").write_text(REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8")
+        (tmp / f"test_replay_{ident}.py").write_text(
+            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
+        )
         (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
         os.replace(tmp, dest)
     except BaseException:
@@ -111,25 +113,36 @@ def _one_sentence(trace: Trace) -> str:
         return f"A recorded trace of {len(trace.steps)} steps with no finding."
     where = f"step {f['step']}" if f.get("step") is not None else "setup"
     op = f" (`{f['op']['op']}`)" if f.get("op") else ""
-    what = {"invariant": "An invariant broke", "divergence": "The target diverged from the spec",
-            "target-raised": "The target raised", "target-hung": "The target hung",
-            "reference-raised": "The spec rejected an operation", "reference-invariant": "A spec invariant broke"}.get(f.get("kind", ""), "A finding")
+    what = {
+        "invariant": "An invariant broke",
+        "divergence": "The target diverged from the spec",
+        "target-raised": "The target raised",
+        "target-hung": "The target hung",
+        "reference-raised": "The spec rejected an operation",
+        "reference-invariant": "A spec invariant broke",
+    }.get(f.get("kind", ""), "A finding")
     return f"{what} at {where}{op}: {f.get('message', '')}"
 
 
 def _config_line(trace: Trace) -> str:
     c = trace.config
     groups = ", ".join(
-        f"{g.kind}(bs={g.block_size}" + (f", W={g.sliding_window}" if g.sliding_window else "") + (f", C={g.attention_chunk_size}" if g.attention_chunk_size else "") + ")"
+        f"{g.kind}(bs={g.block_size}"
+        + (f", W={g.sliding_window}" if g.sliding_window else "")
+        + (f", C={g.attention_chunk_size}" if g.attention_chunk_size else "")
+        + ")"
         for g in c.groups
     )
-    return f"{c.num_blocks} blocks, [{groups}], max_model_len={c.max_model_len}, caching={'on' if c.enable_caching else 'off'}, events={'on' if c.enable_kv_cache_events else 'off'}"
+    return (
+        f"{c.num_blocks} blocks, [{groups}], max_model_len={c.max_model_len}, "
+        f"caching={'on' if c.enable_caching else 'off'}, events={'on' if c.enable_kv_cache_events else 'off'}"
+    )
 
 
 def _op_line(op: O.Op) -> str:
     d = O.op_to_json(op)
     name = d.pop("op")
-    parts = []
+    parts: list[str] = []
     for k, v in d.items():
         if k in ("request_id",):
             parts.insert(0, str(v))
@@ -177,13 +190,22 @@ def _failing_step_section(trace: Trace, step: int, f: dict[str, Any]) -> list[st
     op = trace.steps[step][0]
     lines = ["", f"## The failing step: {step} `{_op_line(op)}`", ""]
     if f.get("expected") is not None or f.get("actual") is not None or f.get("kind") == "divergence":
-        lines += [f"- expected (spec): {_outcome_line(f.get('expected'))}", f"- observed (target): {_outcome_line(f.get('actual'))}"]
+        lines += [
+            f"- expected (spec): {_outcome_line(f.get('expected'))}",
+            f"- observed (target): {_outcome_line(f.get('actual'))}",
+        ]
     if f.get("blocks") or f.get("requests"):
         lines.append(f"- witness: blocks {f.get('blocks')}, requests {f.get('requests')}")
     _, before, after, req = _replay_spec(trace, step)
     rid = getattr(op, "request_id", None)
     if req is not None:
-        lines += ["", f"### Token layout of `{rid}` (num_tokens={req.num_tokens}, prompt={req.num_prompt_tokens}, drafts={len(req.spec_token_ids)})", "", "```"]
+        lines += [
+            "",
+            f"### Token layout of `{rid}` (num_tokens={req.num_tokens}, prompt={req.num_prompt_tokens}, "
+            f"drafts={len(req.spec_token_ids)})",
+            "",
+            "```",
+        ]
         lines += draw_token_layout(op, req.num_computed_tokens, req.num_tokens)
         lines.append("```")
     requests = set(f.get("requests") or ()) | ({rid} if rid else set())
@@ -193,15 +215,24 @@ def _failing_step_section(trace: Trace, step: int, f: dict[str, Any]) -> list[st
     w = f.get("witness") or {}
     for key, label in (("target_before", "before (target)"), ("target_after", "after (target)")):
         if key in w and requests:
-            lines += ["", f"### Block tables {label}", "", "```"] + draw_tables_json(w[key], trace, sorted(requests)) + ["```"]
+            lines += (
+                ["", f"### Block tables {label}", "", "```"]
+                + draw_tables_json(w[key], trace, sorted(requests))
+                + ["```"]
+            )
     return lines
 
 
 def draw_token_layout(op: O.Op, comp: int, num_tokens: int) -> list[str]:
     """``| comp | new_comp | ext_comp | new | lookahead |`` with each part's size and token range."""
     if isinstance(op, O.AllocateSlots):
-        parts = [("comp", comp), ("new_comp", op.num_new_computed_tokens), ("ext_comp", op.num_external_computed_tokens),
-                 ("new", op.num_new_tokens), ("lookahead", op.num_lookahead_tokens)]
+        parts = [
+            ("comp", comp),
+            ("new_comp", op.num_new_computed_tokens),
+            ("ext_comp", op.num_external_computed_tokens),
+            ("new", op.num_new_tokens),
+            ("lookahead", op.num_lookahead_tokens),
+        ]
     else:
         parts = [("comp", comp), ("not computed", max(0, num_tokens - comp))]
     cells, ranges, start = [], [], 0
@@ -215,7 +246,11 @@ def draw_token_layout(op: O.Op, comp: int, num_tokens: int) -> list[str]:
     bar = "|" + "|".join(cells) + "|"
     out = ["-" * len(bar), bar, " " + " ".join(ranges), "-" * len(bar)]
     if isinstance(op, O.AllocateSlots):
-        out.append(f"to be allocated: [{comp + op.num_new_computed_tokens}, {start}); to be cached (unless delayed): up to min({comp + op.num_new_computed_tokens + op.num_external_computed_tokens + op.num_new_tokens}, num_tokens={num_tokens})")
+        out.append(
+            f"to be allocated: [{comp + op.num_new_computed_tokens}, {start}); to be cached (unless delayed): "
+            f"up to min({comp + op.num_new_computed_tokens + op.num_external_computed_tokens + op.num_new_tokens}, "
+            f"num_tokens={num_tokens})"
+        )
     return out
 
 
@@ -268,8 +303,10 @@ def draw_tables_json(w: dict[str, Any], trace: Trace, requests: list[str]) -> li
 
 def _table_rows(rid: str, ids: list[str], refs: list[str], hashed: list[str], ncb: int | None) -> list[str]:
     w = max([4] + [len(x) for x in ids])
+
     def row(name: str, cells: list[str]) -> str:
         return f"  {name:<8}" + " ".join(c.rjust(w) for c in cells)
+
     return [
         f"  {rid}: num_cached_block={ncb if ncb is not None else 'absent'}",
         row("index", [str(i) for i in range(len(ids))]),

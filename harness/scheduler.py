@@ -102,7 +102,13 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedConfig, emit: Callable[[O.Op], Any], choices: Choices, table: Callable[[str], tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SchedConfig,
+        emit: Callable[[O.Op], Any],
+        choices: Choices,
+        table: Callable[[str], tuple[int, ...]] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.emit = emit
         self.ch = choices

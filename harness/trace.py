@@ -74,7 +74,7 @@ def config_to_json(config: KVCacheConfig) -> dict[str, Any]:
 
 
 _CONFIG_REQUIRED = ("num_blocks", "groups", "max_model_len")
-_CONFIG_OPTIONAL = {
+_CONFIG_OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "enable_caching": bool,
     "hash_algo": str,
     "enable_kv_cache_events": bool,
@@ -111,7 +111,7 @@ def config_from_json(obj: Any, where: str = "config") -> KVCacheConfig:
         extra = set(g) - {"kind", "block_size", "sliding_window", "attention_chunk_size"}
         if extra:
             raise TraceFormatError(f"{gw}: unknown field(s) {sorted(extra)}")
-        groups.append(AttentionSpec(g["kind"], g["block_size"], g.get("sliding_window"), g.get("attention_chunk_size")))  # type: ignore[arg-type]
+        groups.append(AttentionSpec(g["kind"], g["block_size"], g.get("sliding_window"), g.get("attention_chunk_size")))
     kwargs = {k: obj[k] for k in _CONFIG_OPTIONAL if k in obj}
     if "profile" in kwargs:
         try:
@@ -120,7 +120,9 @@ def config_from_json(obj: Any, where: str = "config") -> KVCacheConfig:
             known = ", ".join(p.value for p in Profile)
             raise TraceFormatError(f"{where}.profile: unknown profile {obj['profile']!r} (known: {known})") from None
     try:
-        config = KVCacheConfig(num_blocks=obj["num_blocks"], groups=tuple(groups), max_model_len=obj["max_model_len"], **kwargs)
+        config = KVCacheConfig(
+            num_blocks=obj["num_blocks"], groups=tuple(groups), max_model_len=obj["max_model_len"], **kwargs
+        )
         return config.validate()
     except ConfigError as e:
         raise TraceFormatError(f"{where}: {e}") from None
@@ -151,7 +153,9 @@ def trace_from_json(obj: Any, where: str = "trace") -> Trace:
         raise TraceFormatError(f"{where}: not a kvspec trace (no 'kvspec_trace' version field)")
     version = obj["kvspec_trace"]
     if version != TRACE_VERSION:
-        raise TraceFormatError(f"{where}: unsupported trace version {version!r} (this kvspec reads version {TRACE_VERSION})")
+        raise TraceFormatError(
+            f"{where}: unsupported trace version {version!r} (this kvspec reads version {TRACE_VERSION})"
+        )
     known = {"kvspec_trace", "config", "seed", "profile", "family", "relation", "target", "steps", "finding", "extra"}
     unknown = set(obj) - known
     if unknown:
@@ -207,7 +211,9 @@ def read_trace(path: str | Path) -> Trace:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TraceFormatError(f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise TraceFormatError(
+            f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     return trace_from_json(obj, str(p))
 
 

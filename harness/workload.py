@@ -116,7 +116,10 @@ def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str
     if async_scheduling and config.max_in_flight_tokens is not None:
         sc = replace(sc, token_budget=max(1, config.max_in_flight_tokens // 2))
     return replace(
-        sc, async_scheduling=async_scheduling, encoder_decoder=encoder_decoder, prompt_embeds="prompt_embeds" in features
+        sc,
+        async_scheduling=async_scheduling,
+        encoder_decoder=encoder_decoder,
+        prompt_embeds="prompt_embeds" in features,
     )
 
 

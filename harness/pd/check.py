@@ -24,8 +24,14 @@ EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--design", default="baseline,proposal", help="comma-separated: baseline, proposal, as-written, bug:NAME")
-    p.add_argument("--target", default="spec", help="spec (the model alone) or vllm (also replay every manager call on real vLLM 0.33)")
+    p.add_argument(
+        "--design", default="baseline,proposal", help="comma-separated: baseline, proposal, as-written, bug:NAME"
+    )
+    p.add_argument(
+        "--target",
+        default="spec",
+        help="spec (the model alone) or vllm (also replay every manager call on real vLLM 0.33)",
+    )
     p.add_argument("--seconds", type=float, default=60.0, help="time budget, shared by the designs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--invariant", default=None, help="check only these rules (comma-separated)")
@@ -93,15 +99,25 @@ def fuzz_design(design: Any, names: Any, make_mirror: Any, seconds: float, seed:
             return report_finding(design.name, args.target, finding, cls.stats, time.monotonic() - start, args.out)
         batch += 1
         el = time.monotonic() - start
-        print(f"  [{design.name}] {el:6.1f}s  {cls.stats.examples} examples  {cls.stats.steps} steps  no finding", file=sys.stderr, flush=True)
+        print(
+            f"  [{design.name}] {el:6.1f}s  {cls.stats.examples} examples  {cls.stats.steps} steps  no finding",
+            file=sys.stderr,
+            flush=True,
+        )
     el = time.monotonic() - start
-    print(f"kvspec pd check: {design.name}: no finding; target {args.target}, {cls.stats.examples} examples, {cls.stats.steps} steps in {el:.1f}s")
+    print(
+        f"kvspec pd check: {design.name}: no finding; target {args.target}, "
+        f"{cls.stats.examples} examples, {cls.stats.steps} steps in {el:.1f}s"
+    )
     return 0
 
 
 def report_finding(design: str, target: str, finding: PDFinding, stats: Any, elapsed: float, out: str) -> int:
     v = finding.violation
-    print(f"kvspec pd check: {design}: FOUND {v.name}: {v.message} (after {elapsed:.1f}s, {stats.examples} examples, shrunk)")
+    print(
+        f"kvspec pd check: {design}: FOUND {v.name}: {v.message} "
+        f"(after {elapsed:.1f}s, {stats.examples} examples, shrunk)"
+    )
     for line in finding.trace:
         print(f"    {line}")
     folder = Path(out)
@@ -128,7 +144,10 @@ def replay_scenarios(make_mirror: Any) -> int:
         _, safe = play(sc.safe, sc.actions, sc.options, judge=judge)
         ok = broken is not None and broken.name == sc.invariant and safe is None
         bad += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: breaks {broken.name if broken else 'nothing'}; {sc.safe.name} on the same schedule: {safe or 'safe'}")
+        print(
+            f"{'ok  ' if ok else 'FAIL'} {name}: breaks {broken.name if broken else 'nothing'}; "
+            f"{sc.safe.name} on the same schedule: {safe or 'safe'}"
+        )
         if not ok or name == "as-written":
             print("      " + "; ".join(describe(sc.actions)))
             if broken is not None:

@@ -22,7 +22,10 @@ RESULTS_FILE = "pd-sim-results.json"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvspec pd", description="P/D disaggregation with pre-allocation on the decode side: safety and simulation.")
+    p = argparse.ArgumentParser(
+        prog="kvspec pd",
+        description="P/D disaggregation with pre-allocation on the decode side: safety and simulation.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     add_check_arguments(sub.add_parser("check", help="fuzz the protocols against their safety rules"))
     s = sub.add_parser("simulate", help="measure, simulate and draw the figures")
@@ -31,7 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--workloads", default="chat,long,long-tight")
     s.add_argument("--loads", default=None, help="comma-separated loads (fraction of prefill capacity)")
-    s.add_argument("--measure", dest="measure", action="store_true", default=None, help="measure vLLM's manager calls (default: when vLLM is installed)")
+    s.add_argument(
+        "--measure",
+        dest="measure",
+        action="store_true",
+        default=None,
+        help="measure vLLM's manager calls (default: when vLLM is installed)",
+    )
     s.add_argument("--no-measure", dest="measure", action="store_false", help="reuse the stored measurements")
     s.add_argument("--no-figures", action="store_true", help="skip matplotlib (results JSON only)")
     return p
@@ -64,7 +73,11 @@ def simulate_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad or args.requests < 10 or not loads or min(loads) <= 0:
-        print(f"kvspec pd simulate: bad usage (workloads {bad} unknown; known {list(WORKLOADS)}; --requests >= 10; loads > 0)", file=sys.stderr)
+        print(
+            f"kvspec pd simulate: bad usage (workloads {bad} unknown; "
+            f"known {list(WORKLOADS)}; --requests >= 10; loads > 0)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

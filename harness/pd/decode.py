@@ -21,6 +21,8 @@ from harness.pd.state import (
     ClusterState,
     Computed,
     DJob,
+    DPhase,
+    InstanceState,
     Landed,
     SourceRead,
     Trigger,
@@ -31,7 +33,7 @@ from harness.pd.state import (
     with_d,
     with_d_job,
 )
-from harness.pd.types import InstanceId
+from harness.pd.types import InstanceId, Tick
 from spec.request import RequestStatus
 from spec.types import RequestId
 
@@ -42,7 +44,7 @@ def _name(s: ClusterState, i: int) -> InstanceId:
     return s.ds[i].inst.name
 
 
-def _with_inst(s: ClusterState, i: int, inst: I.InstanceState) -> ClusterState:
+def _with_inst(s: ClusterState, i: int, inst: InstanceState) -> ClusterState:
     return with_d(s, i, replace(s.ds[i], inst=inst))
 
 
@@ -94,8 +96,8 @@ def try_reserve(s: ClusterState, i: int, job: DJob, answer_failure: bool) -> Clu
             return send(s, _name(s, i), ROUTER, M.ReserveFailed(job.rid, job.lease or 0, _name(s, i)))  # type: ignore[arg-type]
         return _enqueue(s, i, job)  # queue for blocks; retried every step
     table = I.get_table(s.ds[i].inst, job.rid)
-    phase = "reserved" if s.design.wait_for_arrival else "arrived"
-    job = replace(job, phase=phase, hit_tokens=hit, deadline=s.now + s.options.timing.lease)
+    phase: DPhase = "reserved" if s.design.wait_for_arrival else "arrived"
+    job = replace(job, phase=phase, hit_tokens=hit, deadline=Tick(s.now + s.options.timing.lease))
     s = _enqueue(s, i, job)
     return send(s, _name(s, i), ROUTER, M.Reserved(job.rid, job.lease, _name(s, i), hit, table))  # type: ignore[arg-type]
 
@@ -251,7 +253,9 @@ def on_peer_failed(s: ClusterState, i: int, m: M.PeerFailed) -> ClusterState:
     name = _name(s, i)
     d = s.ds[i]
     s = with_d(s, i, replace(d, fenced=d.fenced | {m.epoch}))
-    network = tuple(e for e in s.network if not (e.dst == name and getattr(e.msg, "epoch", None) == m.epoch and e.src != ROUTER))
+    network = tuple(
+        e for e in s.network if not (e.dst == name and getattr(e.msg, "epoch", None) == m.epoch and e.src != ROUTER)
+    )
     s = replace(s, network=network)
     for rid, job in sorted(s.ds[i].jobs.items()):
         if job.epoch != m.epoch:
@@ -291,7 +295,7 @@ def deliver_to_d(s: ClusterState, i: int, env: M.Envelope) -> ClusterState:
     handler = handlers.get(type(msg))
     if handler is None:
         raise AssertionError(f"D cannot receive {type(msg).__name__}")
-    return handler(s, i, msg)  # type: ignore[operator]
+    return handler(s, i, msg)  # type: ignore[operator,no-any-return]
 
 
 __all__ = ["Computed", "deliver_to_d", "d_tick", "release", "try_load", "try_reserve"]

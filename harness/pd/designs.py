@@ -48,7 +48,8 @@ BUGS = {
             PROPOSAL,
             {"release": "immediate"},
             "write_lands_in_held_block",
-            "D frees a reservation on cancel or time-out without waiting for P: a write in flight lands in a freed block",
+            "D frees a reservation on cancel or time-out without "
+            "waiting for P: a write in flight lands in a freed block",
         ),
         Bug(
             "no-revoke-tombstone",
@@ -76,14 +77,16 @@ BUGS = {
             PROPOSAL,
             {"done_after_completions": False},
             "published_only_after_arrival",
-            "P sends Done once its writes are issued, not completed: Done overtakes a write and D publishes an empty block",
+            "P sends Done once its writes are issued, not completed: "
+            "Done overtakes a write and D publishes an empty block",
         ),
         Bug(
             "schedule-before-arrival",
             PROPOSAL,
             {"wait_for_arrival": False, "publish_on_arrival": False},
             "read_only_after_arrival",
-            "D treats the reservation like a synchronous load and schedules it at once: the forward pass reads KV not yet written",
+            "D treats the reservation like a synchronous load and schedules "
+            "it at once: the forward pass reads KV not yet written",
         ),
         Bug(
             "no-cancel-on-abort",

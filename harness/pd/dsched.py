@@ -14,7 +14,7 @@ from dataclasses import replace
 from harness.pd import instance as I
 from harness.pd import messages as M
 from harness.pd.decode import release, try_load, try_reserve
-from harness.pd.state import ClusterState, Computed, DJob, emit, send, with_d, with_d_job
+from harness.pd.state import ClusterState, Computed, DJob, DMode, InstanceState, emit, send, with_d, with_d_job
 from harness.pd.types import InstanceId
 from spec.request import RequestStatus
 from spec.types import RequestId
@@ -26,7 +26,7 @@ def _name(s: ClusterState, i: int) -> InstanceId:
     return s.ds[i].inst.name
 
 
-def _with_inst(s: ClusterState, i: int, inst: I.InstanceState) -> ClusterState:
+def _with_inst(s: ClusterState, i: int, inst: InstanceState) -> ClusterState:
     return with_d(s, i, replace(s.ds[i], inst=inst))
 
 
@@ -49,7 +49,7 @@ def promote(s: ClusterState, i: int, job: DJob) -> ClusterState:
     if valid == 0:  # nothing usable: free, and look up afresh (vLLM 0.33)
         inst = I.free(inst, job.rid)
         inst = I.set_num_computed(inst, job.rid, 0)
-        mode = "local"
+        mode: DMode = "local"
     else:
         inst = I.set_num_computed(inst, job.rid, valid)
         inst = I.cache(inst, job.rid, valid)
@@ -86,7 +86,9 @@ def preempt(s: ClusterState, i: int, rid: RequestId) -> ClusterState:
     s = _with_inst(s, i, inst)
     d = s.ds[i]
     job = replace(d.jobs[rid], phase="waiting", mode="local")
-    d = replace(d, running=tuple(r for r in d.running if r != rid), order=(rid,) + tuple(r for r in d.order if r != rid))
+    d = replace(
+        d, running=tuple(r for r in d.running if r != rid), order=(rid,) + tuple(r for r in d.order if r != rid)
+    )
     return with_d_job(with_d(s, i, d), i, job)
 
 

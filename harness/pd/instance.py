@@ -106,9 +106,9 @@ def allocate(
     delay_cache_blocks: bool = False,
 ) -> tuple[InstanceState, tuple[BlockId, ...] | None]:
     """vLLM 0.33 ``allocate_slots`` as the scheduler calls it: with this step's lookup ``hit`` (an
-    admission) or without (a running request).  Returns the fresh blocks that entered the table
-(external and new ones, not the adopted hits: those hold garbage until written), or None when
-out of blocks."""
+        admission) or without (a running request).  Returns the fresh blocks that entered the table
+    (external and new ones, not the adopted hits: those hold garbage until written), or None when
+    out of blocks."""
     before = holds_blocks(inst, rid)
     table_before = set(get_table(inst, rid))
     num_hit = 0 if hit is None else int(hit.num_hit_tokens)

@@ -17,14 +17,21 @@ from typing import Literal
 
 from harness.pd import instance as I
 from harness.pd.cluster import is_idle
-from harness.pd.state import ClusterState, Computed, Landed, SourceRead
+from harness.pd.state import ClusterState, Computed, InstanceState, Landed, SourceRead
 from spec import block_pool
 from spec.invariants import check_invariants
+from spec.types import BlockId
 
 Kind = Literal["event", "state", "idle"]
 
 # The manager's own rules that protocol code can break from outside (docs/semantics.md §9.2-§9.5, §9.9).
-MANAGER_RULES = ("free_queue_well_formed", "free_iff_unreferenced", "conservation", "ref_count_equals_references", "hash_map_matches_blocks")
+MANAGER_RULES = (
+    "free_queue_well_formed",
+    "free_iff_unreferenced",
+    "conservation",
+    "ref_count_equals_references",
+    "hash_map_matches_blocks",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +54,9 @@ class PDViolation:
 INVARIANTS: dict[str, PDInvariant] = {}
 
 
-def pd_invariant(kind: Kind, rule: str) -> Callable[[Callable[[ClusterState], str | None]], Callable[[ClusterState], str | None]]:
+def pd_invariant(
+    kind: Kind, rule: str
+) -> Callable[[Callable[[ClusterState], str | None]], Callable[[ClusterState], str | None]]:
     def register(fn: Callable[[ClusterState], str | None]) -> Callable[[ClusterState], str | None]:
         INVARIANTS[fn.__name__] = PDInvariant(fn.__name__, kind, rule, fn)
         return fn
@@ -55,7 +64,7 @@ def pd_invariant(kind: Kind, rule: str) -> Callable[[Callable[[ClusterState], st
     return register
 
 
-def _describe(inst: I.InstanceState, block: int) -> str:
+def _describe(inst: InstanceState, block: int) -> str:
     pool = inst.manager.pool
     owners = [r for r, t in inst.manager.groups[0].req_to_blocks.items() if block in t]
     state = "free" if pool.ref_cnt[block] == 0 else f"held by {', '.join(sorted(owners))}"
@@ -95,7 +104,10 @@ def transfer_source_held(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant("state", "a published (hashed) block holds every layer of the KV its hash names: nothing is published before it arrived")
+@pd_invariant(
+    "state",
+    "a published (hashed) block holds every layer of the KV its hash names: nothing is published before it arrived",
+)
 def published_only_after_arrival(s: ClusterState) -> str | None:
     for inst in (s.p.inst,) + tuple(d.inst for d in s.ds):
         prefixes = I.get_published_prefixes(inst)
@@ -103,8 +115,8 @@ def published_only_after_arrival(s: ClusterState) -> str | None:
             if key is None:
                 continue
             want = prefixes.get(bytes(key))
-            if want is None or not I.holds_kv(inst.memory.get(b), want, len(want), s.options.num_layers):
-                got = inst.memory.get(b)
+            if want is None or not I.holds_kv(inst.memory.get(BlockId(b)), want, len(want), s.options.num_layers):
+                got = inst.memory.get(BlockId(b))
                 return f"{inst.name} block {b} is published for tokens {want} but holds {got}"
     return None
 
@@ -121,11 +133,17 @@ def read_only_after_arrival(s: ClusterState) -> str | None:
         for i in range(-(-ev.upto // bs)):
             upto = min((i + 1) * bs, ev.upto)
             if not I.holds_kv(inst.memory.get(table[i]), tokens, upto, s.options.num_layers):
-                return f"{inst.name} computed {ev.rid} reading block {table[i]} (index {i}), which holds {inst.memory.get(table[i])}"
+                return (
+                    f"{inst.name} computed {ev.rid} reading block {table[i]} "
+                    f"(index {i}), which holds {inst.memory.get(table[i])}"
+                )
     return None
 
 
-@pd_invariant("state", "blocks held for an aborted, failed, finished or timed-out request are released within Timing.release_bound ticks")
+@pd_invariant(
+    "state",
+    "blocks held for an aborted, failed, finished or timed-out request are released within Timing.release_bound ticks",
+)
 def released_within_bound(s: ClusterState) -> str | None:
     bound = s.options.timing.release_bound
     instances = (s.p.inst,) + tuple(d.inst for d in s.ds)
@@ -137,11 +155,18 @@ def released_within_bound(s: ClusterState) -> str | None:
                 continue
             if I.holds_blocks(inst, t.rid):
                 n = len(I.get_table(inst, t.rid))
-                return f"{inst.name} still holds {n} block(s) of {t.rid} {s.now - t.tick} ticks after its {t.why} (bound {bound})"
+                return (
+                    f"{inst.name} still holds {n} block(s) of {t.rid} "
+                    f"{s.now - t.tick} ticks after its {t.why} (bound {bound})"
+                )
     return None
 
 
-@pd_invariant("state", "on every instance the manager's own rules hold and every block table belongs to a request the instance still tracks")
+@pd_invariant(
+    "state",
+    "on every instance the manager's own rules hold and every "
+    "block table belongs to a request the instance still tracks",
+)
 def instance_conservation(s: ClusterState) -> str | None:
     roles = [(s.p.inst, set(s.p.jobs))] + [(d.inst, set(d.jobs)) for d in s.ds]
     for inst, tracked in roles:
@@ -159,7 +184,10 @@ def no_leak_at_idle(s: ClusterState) -> str | None:
         live = sorted(r for r, rec in s.router.records.items() if rec.phase not in ("done", "aborted"))
         jobs = sorted(f"{d.inst.name}:{r}:{j.phase}" for d in s.ds for r, j in d.jobs.items())
         jobs += sorted(f"P:{r}:{j.phase}" for r, j in s.p.jobs.items())
-        return f"the cluster did not come to rest: live requests {live}, jobs {jobs}, {len(s.network)} message(s) in flight"
+        return (
+            f"the cluster did not come to rest: live requests {live}, "
+            f"jobs {jobs}, {len(s.network)} message(s) in flight"
+        )
     for inst in (s.p.inst,) + tuple(d.inst for d in s.ds):
         free = block_pool.get_num_free_blocks(inst.manager.pool)
         held = sorted(inst.manager.groups[0].req_to_blocks)

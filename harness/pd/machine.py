@@ -69,7 +69,8 @@ class PDMachine(RuleBasedStateMachine):
         super().__init__()
         self.s: ClusterState | None = None
         self.trace: list[str] = []
-        self.mirror = type(self).make_mirror() if type(self).make_mirror is not None else None
+        make_mirror = type(self).make_mirror
+        self.mirror = make_mirror() if make_mirror is not None else None
         self.crashed = False
         self.stats.examples += 1
 
@@ -106,20 +107,33 @@ class PDMachine(RuleBasedStateMachine):
         chunk=st.sampled_from((4, 8)),
         lease=st.sampled_from((24, 3)),
     )
-    def setup(self, num_decoders: int, on_reserve_fail: str, stream: str, p_blocks: int, d_blocks: int, chunk: int, lease: int) -> None:
+    def setup(
+        self, num_decoders: int, on_reserve_fail: str, stream: str, p_blocks: int, d_blocks: int, chunk: int, lease: int
+    ) -> None:
         timing = Timing(lease=lease)
         options = Options(num_decoders, on_reserve_fail, stream, chunk_tokens=chunk, timing=timing)  # type: ignore[arg-type]
-        s = cluster.init_cluster(self.design, options, make_config(p_blocks, BLOCK_SIZE, 64), make_config(d_blocks, BLOCK_SIZE, 64))
-        what = f"{self.design.name}, decoders={num_decoders}, on_fail={on_reserve_fail}, {stream}, P={p_blocks}, D={d_blocks}, chunk={chunk}, lease={lease}"
+        s = cluster.init_cluster(
+            self.design, options, make_config(p_blocks, BLOCK_SIZE, 64), make_config(d_blocks, BLOCK_SIZE, 64)
+        )
+        what = (
+            f"{self.design.name}, decoders={num_decoders}, on_fail={on_reserve_fail}, "
+            f"{stream}, P={p_blocks}, D={d_blocks}, chunk={chunk}, lease={lease}"
+        )
         self._after(f"setup({what})", s)
 
     @precondition(lambda m: m.s is not None and len(m.s.router.records) < MAX_REQUESTS)
-    @rule(stem=st.integers(0, len(PROMPT_STEMS) - 1), tail=st.lists(st.integers(1, 3), max_size=6), max_tokens=st.integers(1, 3))
+    @rule(
+        stem=st.integers(0, len(PROMPT_STEMS) - 1),
+        tail=st.lists(st.integers(1, 3), max_size=6),
+        max_tokens=st.integers(1, 3),
+    )
     def submit(self, stem: int, tail: list[int], max_tokens: int) -> None:
         assert self.s is not None
         prompt = (PROMPT_STEMS[stem] + tuple(tail))[:12] or (1,)
         rid = RequestId(f"r{len(self.s.router.records)}")
-        self._after(f"submit({rid}, {list(prompt)}, max_tokens={max_tokens})", router.submit(self.s, rid, prompt, max_tokens))
+        self._after(
+            f"submit({rid}, {list(prompt)}, max_tokens={max_tokens})", router.submit(self.s, rid, prompt, max_tokens)
+        )
 
     @precondition(lambda m: m.s is not None and bool(m.s.network))
     @rule(k=st.integers(0, 63))
@@ -127,7 +141,9 @@ class PDMachine(RuleBasedStateMachine):
         assert self.s is not None
         k %= len(self.s.network)
         env = self.s.network[k]
-        self._after(f"deliver({type(env.msg).__name__} {env.src}->{env.dst} {_brief(env.msg)})", cluster.deliver(self.s, k))
+        self._after(
+            f"deliver({type(env.msg).__name__} {env.src}->{env.dst} {_brief(env.msg)})", cluster.deliver(self.s, k)
+        )
 
     @precondition(lambda m: m.s is not None and cluster.is_tick_enabled(m.s))
     @rule()
@@ -206,11 +222,18 @@ def make_pd_machine(
 ) -> type[PDMachine]:
     """A machine class for one design (its own example-database key), checking ``names``."""
     label = design.name.replace(":", "_").replace("-", "_")
-    attrs = {"design": design, "names": names, "make_mirror": staticmethod(make_mirror) if make_mirror else None, "stats": PDRunStats()}
+    attrs = {
+        "design": design,
+        "names": names,
+        "make_mirror": staticmethod(make_mirror) if make_mirror else None,
+        "stats": PDRunStats(),
+    }
     return type(f"PDMachine_{label}{'_vllm' if make_mirror else ''}", (PDMachine,), attrs)
 
 
-def run_pd_machine(cls: type[PDMachine], hyp_settings: settings, seed: int | None = None, shrink_seconds: int = 60) -> None:
+def run_pd_machine(
+    cls: type[PDMachine], hyp_settings: settings, seed: int | None = None, shrink_seconds: int = 60
+) -> None:
     """Run the machine as one Hypothesis test (shrinking bounded by ``shrink_seconds``); raises
     after shrinking on a finding, which ``cls.stats.last_finding`` then holds (the last failing
     run is the shrunk one)."""
@@ -226,6 +249,6 @@ def run_pd_machine(cls: type[PDMachine], hyp_settings: settings, seed: int | Non
     saved = engine.MAX_SHRINKING_SECONDS
     engine.MAX_SHRINKING_SECONDS = shrink_seconds
     try:
-        run_state_machine_as_test(factory, settings=hyp_settings)
+        run_state_machine_as_test(factory, settings=hyp_settings)  # type: ignore[arg-type]  # a factory works too
     finally:
         engine.MAX_SHRINKING_SECONDS = saved

@@ -231,9 +231,28 @@ class PeerFailed:
 
 
 Message = (
-    Prefill | Target | Abort | Prefilled | PushLost | Reserve | Reserved | ReserveFailed | Cancel | Decode
-    | FirstToken | Finished | Write | WriteDone | Done | Revoke | RevokeAck | Read | ReadData | ReadDone
-    | Heartbeat | PeerFailed
+    Prefill
+    | Target
+    | Abort
+    | Prefilled
+    | PushLost
+    | Reserve
+    | Reserved
+    | ReserveFailed
+    | Cancel
+    | Decode
+    | FirstToken
+    | Finished
+    | Write
+    | WriteDone
+    | Done
+    | Revoke
+    | RevokeAck
+    | Read
+    | ReadData
+    | ReadDone
+    | Heartbeat
+    | PeerFailed
 )
 
 

@@ -15,19 +15,19 @@ from dataclasses import replace
 
 from harness.pd import instance as I
 from harness.pd import messages as M
-from harness.pd.state import ClusterState, Computed, PJob, PushTarget, SourceRead, emit, send, with_p_job
-from harness.pd.types import PREFILL, InstanceId
+from harness.pd.state import ClusterState, Computed, InstanceState, PJob, PushTarget, SourceRead, emit, send, with_p_job
+from harness.pd.types import PREFILL, Epoch, InstanceId, Tick
 from spec.request import RequestStatus
 from spec.types import RequestId
 
 ROUTER = "router"
 
 
-def _with_inst(s: ClusterState, inst: I.InstanceState) -> ClusterState:
+def _with_inst(s: ClusterState, inst: InstanceState) -> ClusterState:
     return replace(s, p=replace(s.p, inst=inst))
 
 
-def _is_current(s: ClusterState, epoch: M.Epoch | None) -> bool:
+def _is_current(s: ClusterState, epoch: Epoch | None) -> bool:
     """Messages for an earlier incarnation of P reach nobody."""
     return epoch == s.p.epoch
 
@@ -100,7 +100,7 @@ def report_prefilled(s: ClusterState, rid: RequestId) -> ClusterState:
     s = send(s, PREFILL, ROUTER, M.Prefilled(rid, s.p.epoch, table, job.revoked))
     if not s.design.producer_delayed_free:
         return _release(s, rid)
-    hold = None if job.claimed else s.now + s.options.timing.hold
+    hold = None if job.claimed else Tick(s.now + s.options.timing.hold)
     return with_p_job(s, replace(job, reported=True, hold_until=hold))
 
 
@@ -230,7 +230,7 @@ def on_heartbeat(s: ClusterState, m: M.Heartbeat, src: InstanceId | str) -> Clus
     if not _is_current(s, m.epoch) or job is None:
         return s
     if src == ROUTER:
-        hold = None if job.hold_until is None else max(job.hold_until, s.now + s.options.timing.lease)
+        hold = None if job.hold_until is None else Tick(max(job.hold_until, s.now + s.options.timing.lease))
         return with_p_job(s, replace(job, hold_until=hold))
     return with_p_job(s, replace(job, claimed=True, hold_until=None))
 

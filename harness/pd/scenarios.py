@@ -154,7 +154,9 @@ _BY_BUG: dict[str, tuple[tuple[Action, ...], Options]] = {
 SCENARIOS: dict[str, Scenario] = {
     "as-written": Scenario("as-written", AS_WRITTEN, PROPOSAL, "write_lands_in_held_block", AS_WRITTEN_COUNTEREXAMPLE),
     **{
-        f"bug:{name}": Scenario(f"bug:{name}", BUGS[name].design, BUGS[name].base, BUGS[name].invariant, actions, options)
+        f"bug:{name}": Scenario(
+            f"bug:{name}", BUGS[name].design, BUGS[name].base, BUGS[name].invariant, actions, options
+        )
         for name, (actions, options) in _BY_BUG.items()
     },
 }

@@ -247,7 +247,9 @@ def with_d_job(s: ClusterState, i: int, job: DJob | None, rid: RequestId | None 
     if job is None:
         assert rid is not None
         jobs.pop(rid, None)
-        d = replace(d, jobs=jobs, order=tuple(r for r in d.order if r != rid), running=tuple(r for r in d.running if r != rid))
+        d = replace(
+            d, jobs=jobs, order=tuple(r for r in d.order if r != rid), running=tuple(r for r in d.running if r != rid)
+        )
     else:
         jobs[job.rid] = job
         d = replace(d, jobs=jobs)

@@ -13,8 +13,15 @@ from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, UNKNOWN, Claim,
 def all_claims() -> list[Claim]:
     from harness.proofs import allocation, coverage, coverage_failures, hybrid, keys, pool, windows
 
-    return [*allocation.CLAIMS, *windows.CLAIMS, *coverage.CLAIMS, *coverage_failures.CLAIMS, *hybrid.CLAIMS,
-            *pool.CLAIMS, *keys.CLAIMS]
+    return [
+        *allocation.CLAIMS,
+        *windows.CLAIMS,
+        *coverage.CLAIMS,
+        *coverage_failures.CLAIMS,
+        *hybrid.CLAIMS,
+        *pool.CLAIMS,
+        *keys.CLAIMS,
+    ]
 
 
 def prove_main(argv: list[str]) -> int:
@@ -23,5 +30,15 @@ def prove_main(argv: list[str]) -> int:
     return main(argv)
 
 
-__all__ = ["COUNTEREXAMPLE", "PROVEN", "REFUTED", "UNKNOWN", "Claim", "Outcome", "Result", "all_claims",
-           "prove_main", "run_claim"]
+__all__ = [
+    "COUNTEREXAMPLE",
+    "PROVEN",
+    "REFUTED",
+    "UNKNOWN",
+    "Claim",
+    "Outcome",
+    "Result",
+    "all_claims",
+    "prove_main",
+    "run_claim",
+]

@@ -58,15 +58,39 @@ class Vars:
         return Vars(*z3.Ints("c hits e n la M bs span T held ev cached hashes"))
 
     def all(self) -> list[z3.ArithRef]:
-        return [self.c, self.hits, self.e, self.n, self.la, self.M, self.bs, self.span, self.T,
-                self.held, self.ev, self.cached, self.hashes]
+        return [
+            self.c,
+            self.hits,
+            self.e,
+            self.n,
+            self.la,
+            self.M,
+            self.bs,
+            self.span,
+            self.T,
+            self.held,
+            self.ev,
+            self.cached,
+            self.hashes,
+        ]
 
     def common_premises(self) -> list[z3.BoolRef]:
         """Counts are non-negative, sizes positive, and a request fits the model."""
         v = self
         return [
-            v.bs >= 1, v.span >= 1, v.M >= 1, v.c >= 0, v.hits >= 0, v.e >= 0, v.n >= 0, v.la >= 0,
-            v.T >= 1, v.T <= v.M, v.held >= 0, v.ev >= 0, v.cached >= 0,
+            v.bs >= 1,
+            v.span >= 1,
+            v.M >= 1,
+            v.c >= 0,
+            v.hits >= 0,
+            v.e >= 0,
+            v.n >= 0,
+            v.la >= 0,
+            v.T >= 1,
+            v.T <= v.M,
+            v.held >= 0,
+            v.ev >= 0,
+            v.cached >= 0,
         ]
 
     def admission_premises(self) -> list[z3.BoolRef]:
@@ -75,7 +99,8 @@ class Vars:
         v = self
         new_comp = v.hits * v.bs
         return self.common_premises() + [
-            v.c == 0, v.held == 0,
+            v.c == 0,
+            v.held == 0,
             new_comp <= arith.get_max_cache_hit_length(v.T),
             new_comp + v.e <= v.T,
             v.n + v.e + new_comp >= 1,
@@ -87,8 +112,13 @@ class Vars:
         (induction hypothesis) and covers its computed tokens; it computed at most its tokens."""
         v = self
         return self.common_premises() + [
-            v.hits == 0, v.e == 0, v.ev == 0, v.n >= 1,
-            v.held <= arith.cdiv(v.M, v.bs), v.c <= v.T, v.c <= v.held * v.bs,
+            v.hits == 0,
+            v.e == 0,
+            v.ev == 0,
+            v.n >= 1,
+            v.held <= arith.cdiv(v.M, v.bs),
+            v.c <= v.T,
+            v.c <= v.held * v.bs,
         ]
 
 
@@ -154,8 +184,12 @@ def _check_paths(timeout_s: float, goals_of: Any) -> Outcome:
     v = Vars.make()
     for kind, path, alloc, premises in _per_kind_paths(v):
         goals = [(f"{kind}/{path}: {name}", g) for name, g in goals_of(v, alloc, path)]
-        shown = [("predicted", alloc.predicted), ("taken", alloc.taken), ("table_len", alloc.table_len),
-                 ("need_slot", alloc.need_slot)]
+        shown = [
+            ("predicted", alloc.predicted),
+            ("taken", alloc.taken),
+            ("table_len", alloc.table_len),
+            ("need_slot", alloc.need_slot),
+        ]
         outcome = prove_goals(v.all(), premises, goals, timeout_s, shown=shown)
         if outcome.status != "proven":
             model = {**outcome.model, "kind": kind, "path": path}
@@ -177,8 +211,13 @@ def check_slot_targets(timeout_s: float) -> Outcome:
         ("need_slot >= min(main, max_model_len)", t.num_tokens_need_slot >= arith.minimum(t.num_tokens_main_model, M)),
         ("need_slot <= main + lookahead", t.num_tokens_need_slot <= t.num_tokens_main_model + la),
     ]
-    return prove_goals([c, nc, e, n, la, M], premises, goals, timeout_s,
-                       shown=[("total_computed", t.total_computed_tokens), ("need_slot", t.num_tokens_need_slot)])
+    return prove_goals(
+        [c, nc, e, n, la, M],
+        premises,
+        goals,
+        timeout_s,
+        shown=[("total_computed", t.total_computed_tokens), ("need_slot", t.num_tokens_need_slot)],
+    )
 
 
 def check_table_length(timeout_s: float) -> Outcome:
@@ -187,7 +226,10 @@ def check_table_length(timeout_s: float) -> Outcome:
         return [
             ("len(table) == max(previous length, cdiv(need_slot, bs))", a.table_len == want),
             ("len(table) <= cdiv(max_model_len, bs)", a.table_len <= arith.cdiv(v.M, v.bs)),
-            ("len(table) * bs >= total computed tokens", a.table_len * v.bs >= arith.minimum(v.c + v.hits * v.bs + v.e, v.M)),
+            (
+                "len(table) * bs >= total computed tokens",
+                a.table_len * v.bs >= arith.minimum(v.c + v.hits * v.bs + v.e, v.M),
+            ),
         ]
 
     return _check_paths(timeout_s, goals)
@@ -218,7 +260,9 @@ def check_cache_bounds(timeout_s: float) -> Outcome:
         ("cached blocks * bs <= request.num_tokens", after * v.bs <= v.T),
         ("cached blocks * bs <= slots held (need_slot)", full * v.bs <= t.num_tokens_need_slot),
     ]
-    return prove_goals(v.all(), premises, goals, timeout_s, shown=[("tokens_to_cache", to_cache), ("full_blocks", full)])
+    return prove_goals(
+        v.all(), premises, goals, timeout_s, shown=[("tokens_to_cache", to_cache), ("full_blocks", full)]
+    )
 
 
 def check_hit_cap(timeout_s: float) -> Outcome:
@@ -233,8 +277,7 @@ def check_hit_cap(timeout_s: float) -> Outcome:
         ("hit % block_size == 0", hit % bs == 0),
         ("0 <= hit < num_tokens", z3.And(hit >= 0, hit < T)),
         ("every looked-up block has a hash", looked_up <= arith.get_num_block_hashes(T, bs)),
-        ("maximal: the next block misses or would reach num_tokens",
-         z3.Or(hit_blocks == first_miss, hit + bs >= T)),
+        ("maximal: the next block misses or would reach num_tokens", z3.Or(hit_blocks == first_miss, hit + bs >= T)),
     ]
     return prove_goals([T, bs, first_miss], premises, goals, timeout_s, shown=[("cap", cap), ("hit", hit)])
 
@@ -280,9 +323,12 @@ CLAIMS = [
         "allocate_slots.cache_bounds",
         "The tokens handed to cache_blocks never exceed request.num_tokens nor total + new (so no "
         "draft or lookahead slot is cached); the cached block count never decreases and stays <= num_tokens.",
-        ("all token counts >= 0", "1 <= num_tokens <= max_model_len",
-         "len(block_hashes) == num_tokens // block_size (single group, no lookahead hashes)",
-         "before the call: num_cached_block * block_size <= num_tokens"),
+        (
+            "all token counts >= 0",
+            "1 <= num_tokens <= max_model_len",
+            "len(block_hashes) == num_tokens // block_size (single group, no lookahead hashes)",
+            "before the call: num_cached_block * block_size <= num_tokens",
+        ),
         check_cache_bounds,
         _allocation_trace,
     ),

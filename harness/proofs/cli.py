@@ -22,8 +22,12 @@ from harness.proofs.report import write_report
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvspec prove", description="Prove the spec's claims with Z3.")
-    p.add_argument("names", nargs="*", metavar="NAME",
-                   help="claims to prove (exact names, prefixes such as 'allocate_slots', or globs); default: all")
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="claims to prove (exact names, prefixes such as 'allocate_slots', or globs); default: all",
+    )
     p.add_argument("--list", action="store_true", help="list the claims with their statements and premises")
     p.add_argument("--timeout", type=float, default=20.0, help="per-claim solver timeout in seconds (default 20)")
     p.add_argument("--out", default="kvspec-reports", help="folder for counterexample reports")
@@ -38,8 +42,11 @@ def select(names: list[str], claims: list[Claim]) -> list[Claim]:
         return claims
     chosen: list[Claim] = []
     for pattern in names:
-        found = [c for c in claims if c.name == pattern or c.name.startswith(pattern + ".")
-                 or fnmatch.fnmatchcase(c.name, pattern)]
+        found = [
+            c
+            for c in claims
+            if c.name == pattern or c.name.startswith(pattern + ".") or fnmatch.fnmatchcase(c.name, pattern)
+        ]
         if not found:
             raise KeyError(pattern)
         chosen += [c for c in found if c not in chosen]
@@ -97,16 +104,35 @@ def prove_main(argv: list[str]) -> int:
         elif r.outcome.status != PROVEN:
             print(f"    {r.outcome.detail}", flush=True)
     total = time.perf_counter() - start
-    counts = {s: sum(r.outcome.status == s for r in results) for s in ("proven", "counterexample", "refuted", "unknown")}
+    counts = {
+        s: sum(r.outcome.status == s for r in results) for s in ("proven", "counterexample", "refuted", "unknown")
+    }
     print(f"{len(results)} claims in {total:.2f}s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({
-            "total_seconds": round(total, 3),
-            "claims": [{"name": r.claim.name, "status": r.outcome.status, "seconds": round(r.seconds, 3),
-                        "goal": r.outcome.goal, "model": dict(r.outcome.model), "detail": r.outcome.detail,
-                        "statement": r.claim.statement, "premises": list(r.claim.premises), "bound": r.claim.bound}
-                       for r in results],
-        }, indent=1, default=str) + "\n")
+        Path(args.json_path).write_text(
+            json.dumps(
+                {
+                    "total_seconds": round(total, 3),
+                    "claims": [
+                        {
+                            "name": r.claim.name,
+                            "status": r.outcome.status,
+                            "seconds": round(r.seconds, 3),
+                            "goal": r.outcome.goal,
+                            "model": dict(r.outcome.model),
+                            "detail": r.outcome.detail,
+                            "statement": r.claim.statement,
+                            "premises": list(r.claim.premises),
+                            "bound": r.claim.bound,
+                        }
+                        for r in results
+                    ],
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
     if counts["counterexample"] or counts["refuted"]:
         return 1
     if counts["unknown"]:

@@ -129,8 +129,13 @@ class Group:
         for ``max_length``; lemmas (chunked local, proven first): the hit's nulls end at the chunk of
         ``max_length``.  ``chunk_multiple``: chunked local only with ``C % bs == 0``."""
         ps = self.sizes(chunk_multiple) + [
-            self.hz >= 0, self.r >= 0, h == (self.hz + self.r) * self.bs, h <= max_length, max_length >= 0,
-            max_length <= arith.get_max_cache_hit_length(num_tokens)]
+            self.hz >= 0,
+            self.r >= 0,
+            h == (self.hz + self.r) * self.bs,
+            h <= max_length,
+            max_length >= 0,
+            max_length <= arith.get_max_cache_hit_length(num_tokens),
+        ]
         lemmas: Goals = []
         if self.kind == "full":
             ps.append(self.hz == 0)
@@ -188,7 +193,12 @@ def admission_path(kind: str) -> Path:
     lemmas += g.skip_lemmas(h + e, k)
     premises = [T >= 1, e >= 0, h + e <= T - 1, *hit_ps, *defs]
     goal = z3.Not(reads_null(first, h + e, g.admission_nulls(h + e), g.bs, q))
-    return f"admission/{kind}", premises, [*lemmas, ("the first query reads no null", goal)], [T, h, e, ml, q, *g.vars()]
+    return (
+        f"admission/{kind}",
+        premises,
+        [*lemmas, ("the first query reads no null", goal)],
+        [T, h, e, ml, q, *g.vars()],
+    )
 
 
 def running_path(kind: str) -> Path:
@@ -205,8 +215,10 @@ def running_path(kind: str) -> Path:
     goals = [*g.skip_lemmas(k, ck)]
     if g.chunked:
         goals.append(("lemma: a later query's chunk is no earlier", cp >= ck))
-    goals += [("a later query reads no null", z3.Not(reads_null(first_p, p, z_after, g.bs, q))),
-              ("the invariant holds again", z_after * g.bs <= first_k)]
+    goals += [
+        ("a later query reads no null", z3.Not(reads_null(first_p, p, z_after, g.bs, q))),
+        ("the invariant holds again", z_after * g.bs <= first_k),
+    ]
     return f"running/{kind}", premises, goals, [k, z, L, p, q, *g.vars()]
 
 
@@ -225,19 +237,28 @@ def hybrid_path(kind_a: str, kind_b: str) -> Path:
         q = z3.Int(f"q{g.tag}")
         premises += hit_ps + defs
         goals += lemmas + g.skip_lemmas(h + e, k)
-        goals.append((f"group {g.tag[1:]} ({g.kind}) reads no null",
-                      z3.Not(reads_null(first, h + e, g.admission_nulls(h + e), g.bs, q))))
+        goals.append(
+            (
+                f"group {g.tag[1:]} ({g.kind}) reads no null",
+                z3.Not(reads_null(first, h + e, g.admission_nulls(h + e), g.bs, q)),
+            )
+        )
         variables += [q, *g.vars()]
     return f"hybrid/{kind_a}+{kind_b}", premises, goals, variables
 
 
-HYBRIDS = (("full", "sliding_window"), ("full", "chunked_local"), ("sliding_window", "sliding_window"),
-           ("sliding_window", "chunked_local"))
+HYBRIDS = (
+    ("full", "sliding_window"),
+    ("full", "chunked_local"),
+    ("sliding_window", "sliding_window"),
+    ("sliding_window", "chunked_local"),
+)
 
 
 def coverage_paths() -> list[Path]:
-    return ([admission_path(k) for k in KINDS] + [running_path(k) for k in KINDS]
-            + [hybrid_path(a, b) for a, b in HYBRIDS])
+    return (
+        [admission_path(k) for k in KINDS] + [running_path(k) for k in KINDS] + [hybrid_path(a, b) for a, b in HYBRIDS]
+    )
 
 
 def check_paths(paths: Sequence[Path], timeout_s: float) -> Outcome:
@@ -259,11 +280,13 @@ CLAIMS = [
         "admission with a prefix hit and external tokens short of the prompt (sync or async), re-admission "
         "after preemption, chunked prefill, decode, spec decode and async scheduling, under full, "
         "sliding-window and chunked-local groups and their hybrids.",
-        ("block_size, window, chunk >= 1; hits have the shape the spec's searches return (proven by "
-         "hit_search.per_group)", "admission: hit + external <= num_tokens - 1 (the scheduler computes "
-         "from there)", "chunked local: attention_chunk_size % block_size == 0 (else see "
-         "window_coverage.chunk_not_block_multiple)", "hybrid: the hit is a multiple of the LCM of the "
-         "block sizes; chunked local has block_size == that LCM"),
+        (
+            "block_size, window, chunk >= 1; hits have the shape the spec's searches return (proven by "
+            "hit_search.per_group)",
+            "admission: hit + external <= num_tokens - 1 (the scheduler computes from there)",
+            "chunked local: attention_chunk_size % block_size == 0 (else see window_coverage.chunk_not_block_multiple)",
+            "hybrid: the hit is a multiple of the LCM of the block sizes; chunked local has block_size == that LCM",
+        ),
         check_coverage,
         bound="unbounded integers; 3 admission, 3 running (inductive), 4 hybrid paths",
     ),

@@ -86,9 +86,13 @@ def chunk_condition(h: Num, e: Num, r: Num, C: Num) -> Any:
 
 
 def _equivalence(first: Num, p: Num, z: Num, bs: Num, q: Any, cond: Any) -> Goals:
-    return [("violation => condition", z3.Implies(reads_null(first, p, z, bs, q), cond)),
-            ("condition => violation (witness: the first position read)",
-             z3.Implies(cond, reads_null(first, p, z, bs, first)))]
+    return [
+        ("violation => condition", z3.Implies(reads_null(first, p, z, bs, q), cond)),
+        (
+            "condition => violation (witness: the first position read)",
+            z3.Implies(cond, reads_null(first, p, z, bs, first)),
+        ),
+    ]
 
 
 def full_load_paths(fixed: bool = False) -> Iterator[tuple[str, list[Any], Goals, list[Any]]]:
@@ -108,10 +112,16 @@ def full_load_paths(fixed: bool = False) -> Iterator[tuple[str, list[Any], Goals
             premises += [kT * g.span <= n_adm, n_adm < (kT + 1) * g.span]
             lemmas += g.skip_lemmas(n_adm, kT, chunk_multiple=False)
             lemmas += [] if fixed else g.skip_lemmas(T - 1, k, chunk_multiple=False)
-            lemmas += [("lemma: admission nulls end at or before the chunk start",
-                        skipped_blocks(g.spec, n_adm) * g.bs <= kT * g.span),
-                       ("lemma: removal nulls end at or before T - 1's chunk start",
-                        removed_blocks(g.spec, T - 1, L) * g.bs <= k * g.span)]
+            lemmas += [
+                (
+                    "lemma: admission nulls end at or before the chunk start",
+                    skipped_blocks(g.spec, n_adm) * g.bs <= kT * g.span,
+                ),
+                (
+                    "lemma: removal nulls end at or before T - 1's chunk start",
+                    removed_blocks(g.spec, T - 1, L) * g.bs <= k * g.span,
+                ),
+            ]
         if fixed:
             goals = [*lemmas, ("no null is read", z3.Not(reads_null(first, T - 1, z, g.bs, q)))]
         else:
@@ -230,16 +240,22 @@ def check_full_remote_load(timeout_s: float) -> Outcome:
     fixed = _prove(full_load_paths(fixed=True), timeout_s)
     if fixed.status != PROVEN:
         return Outcome(fixed.status, f"fix: {fixed.goal}", fixed.model, fixed.detail)
-    lines = ["violation <=> sliding window: T - W + 1 >= B and (T - W + 1) % B == 0; chunked local: "
-             "T % C == 0 and T >= C and T % B < C; full: never",
-             "with the admission skip computed for T - 1 tokens (proposed fix): never"]
+    lines = [
+        "violation <=> sliding window: T - W + 1 >= B and (T - W + 1) % B == 0; chunked local: "
+        "T % C == 0 and T >= C and T % B < C; full: never",
+        "with the admission skip computed for T - 1 tokens (proposed fix): never",
+    ]
     model: dict[str, Any] = {}
     for kind, name in ((SW, "W"), (CL, "C")):
         s = smallest(partial(full_load_violation, kind))
         model[f"smallest_{kind}"] = s
         lines.append(f"smallest ({name}, B >= 2): {kind} T={s[0]} {name}={s[1]} B={s[2]}" if s else f"{kind}: none")
-    for kind, span, bs, who in ((SW, 4096, 16, "Mistral-7B-v0.1, Gemma 2"), (SW, 1024, 16, "Gemma 3"),
-                                (SW, 128, 16, "gpt-oss"), (CL, 8192, 16, "Llama 4")):
+    for kind, span, bs, who in (
+        (SW, 4096, 16, "Mistral-7B-v0.1, Gemma 2"),
+        (SW, 1024, 16, "Gemma 3"),
+        (SW, 128, 16, "gpt-oss"),
+        (CL, 8192, 16, "Llama 4"),
+    ):
         count, first = lengths(lambda T: full_load_violation(kind, T, span, bs))  # noqa: B023 (called at once)
         name = "W" if kind == SW else "C"
         model[f"{kind}_{name}{span}_B{bs}"] = {"count": count, "first": first, "n": CONTEXT}
@@ -251,8 +267,10 @@ def check_invalid_block(timeout_s: float) -> Outcome:
     outcome = _prove(invalid_block_paths(), timeout_s)
     if outcome.status != PROVEN:
         return outcome
-    lines = ["violation <=> sliding window: z >= 1 and (i - z) * B < W - 1, z = (T0 - W + 1) // B the load's "
-             "null blocks, i the first invalid block; chunked local (C % B == 0), full: never"]
+    lines = [
+        "violation <=> sliding window: z >= 1 and (i - z) * B < W - 1, z = (T0 - W + 1) // B the load's "
+        "null blocks, i the first invalid block; chunked local (C % B == 0), full: never"
+    ]
     s = smallest(lambda T0, a, b: any(invalid_block_violation(SW, T0, i, a, b) for i in loaded_blocks(SW, T0, a, b)))
     model: dict[str, Any] = {"smallest_sliding_window": s}
     if s:
@@ -260,13 +278,20 @@ def check_invalid_block(timeout_s: float) -> Outcome:
         lines.append(f"smallest (W, B >= 2): T0={s[0]} W={s[1]} B={s[2]}, first invalid block {bad[0]}")
     for W, bs in ((4096, 16), (128, 16)):
         period = range(W + bs - 1, W + 2 * bs - 1)  # from the first T0 with a null block on, periodic in T0
-        shares = {(sum(invalid_block_violation(SW, T0, i, W, bs) for i in loaded_blocks(SW, T0, W, bs)),
-                   len(loaded_blocks(SW, T0, W, bs))) for T0 in period}
+        shares = {
+            (
+                sum(invalid_block_violation(SW, T0, i, W, bs) for i in loaded_blocks(SW, T0, W, bs)),
+                len(loaded_blocks(SW, T0, W, bs)),
+            )
+            for T0 in period
+        }
         model[f"sliding_window_W{W}_B{bs}"] = sorted(shares)
         bad = sorted({v for v, _ in shares})
         sizes = sorted({t for _, t in shares})
-        lines.append(f"W={W} B={bs}: any T0 >= {W + bs - 1}; a failure in any of the first {'-'.join(map(str, bad))} "
-                     f"of its {'-'.join(map(str, sizes))} loaded blocks triggers it")
+        lines.append(
+            f"W={W} B={bs}: any T0 >= {W + bs - 1}; a failure in any of the first {'-'.join(map(str, bad))} "
+            f"of its {'-'.join(map(str, sizes))} loaded blocks triggers it"
+        )
     return Outcome(PROVEN, model=model, detail="\n".join(lines))
 
 
@@ -274,8 +299,10 @@ def check_chunk_not_multiple(timeout_s: float) -> Outcome:
     outcome = _prove(chunk_paths(), timeout_s)
     if outcome.status != PROVEN:
         return outcome
-    lines = ["violation <=> the hit has no real block (r == 0) and h + e < ceil(h / C) * C (h = hit, e = external); "
-             "with C % B == 0 never (window_coverage.holds)"]
+    lines = [
+        "violation <=> the hit has no real block (r == 0) and h + e < ceil(h / C) * C (h = hit, e = external); "
+        "with C % B == 0 never (window_coverage.holds)"
+    ]
     s = smallest(chunk_violation)
     model: dict[str, Any] = {"smallest": s}
     if s:
@@ -283,7 +310,9 @@ def check_chunk_not_multiple(timeout_s: float) -> Outcome:
     for C, bs in ((40, 16), (8192, 48)):
         count, first = lengths(lambda T: chunk_violation(T, C, bs))  # noqa: B023 (called at once)
         model[f"C{C}_B{bs}"] = {"count": count, "first": first, "n": CONTEXT}
-        lines.append(f"C={C} B={bs}, fresh request (nothing cached): T = {', '.join(map(str, first))}, ...: {_share(count)}")
+        lines.append(
+            f"C={C} B={bs}, fresh request (nothing cached): T = {', '.join(map(str, first))}, ...: {_share(count)}"
+        )
     return Outcome(PROVEN, model=model, detail="\n".join(lines))
 
 
@@ -293,9 +322,11 @@ CLAIMS = [
         "After a KV load of the whole prompt the scheduler recomputes token T - 1, whose window the "
         "admission already nulled exactly when the stated condition holds (derived and proven both ways); "
         "an admission skip for T - 1 tokens removes it.",
-        ("block_size, window, chunk >= 1", "local hit + external == num_tokens (T), external >= 1; the hit "
-         "has the spec's shape", "on arrival num_computed_tokens = T - 1 (vLLM 0.33 "
-         "_update_waiting_for_remote_kv)"),
+        (
+            "block_size, window, chunk >= 1",
+            "local hit + external == num_tokens (T), external >= 1; the hit has the spec's shape",
+            "on arrival num_computed_tokens = T - 1 (vLLM 0.33 _update_waiting_for_remote_kv)",
+        ),
         check_full_remote_load,
         bound="unbounded integers; examples and fractions: exhaustive on ints (T <= 131072)",
     ),
@@ -303,9 +334,12 @@ CLAIMS = [
         "window_coverage.invalid_block_recovery",
         "Recomputing from the first invalid block of a KV load reads a null block exactly when the stated "
         "condition holds (derived and proven both ways).",
-        ("one KV-cache group (vLLM 0.33 raises for several)", "kv_load_failure_policy = recompute",
-         "the invalid block is a loaded one (not a null, not a local hit)",
-         "chunked local: attention_chunk_size % block_size == 0"),
+        (
+            "one KV-cache group (vLLM 0.33 raises for several)",
+            "kv_load_failure_policy = recompute",
+            "the invalid block is a loaded one (not a null, not a local hit)",
+            "chunked local: attention_chunk_size % block_size == 0",
+        ),
         check_invalid_block,
         bound="unbounded integers; examples: exhaustive on ints over one period of T0",
     ),

@@ -100,9 +100,13 @@ def search_group(spec: AttentionSpec, cached_at: Any, max_length: int, alignment
         return managers.find_longest_cache_hit_full(cached_at, 1, max_length, bs, alignment)
     if spec.kind == "sliding_window":
         assert spec.sliding_window is not None
-        return managers.find_longest_cache_hit_sliding_window(cached_at, 1, max_length, bs, alignment, spec.sliding_window)
+        return managers.find_longest_cache_hit_sliding_window(
+            cached_at, 1, max_length, bs, alignment, spec.sliding_window
+        )
     assert spec.attention_chunk_size is not None
-    return managers.find_longest_cache_hit_chunked_local(cached_at, 1, max_length, bs, alignment, spec.attention_chunk_size)
+    return managers.find_longest_cache_hit_chunked_local(
+        cached_at, 1, max_length, bs, alignment, spec.attention_chunk_size
+    )
 
 
 def check_lists(spec: AttentionSpec, pattern: Sequence[bool], lists: Any, L: int, group: int = 0) -> str:
@@ -132,8 +136,12 @@ def per_group_configs() -> list[tuple[AttentionSpec, int]]:
 
 
 def _where(spec: AttentionSpec, alignment: int, max_length: int, pattern: Sequence[bool]) -> dict[str, Any]:
-    return {"spec": repr(spec), "alignment": alignment, "max_length": max_length,
-            "pattern": "".join("T" if p else "F" for p in pattern)}
+    return {
+        "spec": repr(spec),
+        "alignment": alignment,
+        "max_length": max_length,
+        "pattern": "".join("T" if p else "F" for p in pattern),
+    }
 
 
 def check_per_group(timeout_s: float) -> Outcome:
@@ -151,8 +159,11 @@ def check_per_group(timeout_s: float) -> Outcome:
                     if spec.kind == "sliding_window" and spec.sliding_window == 1:
                         want = L if accepts(spec, pattern, L) and L <= max_length and L % alignment == 0 else want
                     if L != want:
-                        return Outcome(COUNTEREXAMPLE, "returns the longest accepted length",
-                                       {**_where(spec, alignment, max_length, pattern), "hit": L, "longest_accepted": want})
+                        return Outcome(
+                            COUNTEREXAMPLE,
+                            "returns the longest accepted length",
+                            {**_where(spec, alignment, max_length, pattern), "hit": L, "longest_accepted": want},
+                        )
                     wrong = check_lists(spec, pattern, lists, L)
                     if wrong:
                         where = _where(spec, alignment, max_length, pattern)
@@ -178,9 +189,12 @@ def _sets(kind: str, K: int) -> list[frozenset[int]]:
 
 
 def check_fixed_point(timeout_s: float) -> Outcome:
-    shapes = [(("full", "sliding_window"), 12), (("sliding_window", "sliding_window"), 8),
-              (("full", "sliding_window", "sliding_window"), 7),
-              (("sliding_window", "sliding_window", "sliding_window"), 5)]
+    shapes = [
+        (("full", "sliding_window"), 12),
+        (("sliding_window", "sliding_window"), 8),
+        (("full", "sliding_window", "sliding_window"), 7),
+        (("sliding_window", "sliding_window", "sliding_window"), 5),
+    ]
     for kinds, K in shapes:
         groups = tuple(
             coordinator.SpecGroup(full_attention(1) if k == "full" else sliding_window(1, 2 + g), (GroupId(g),))
@@ -191,9 +205,11 @@ def check_fixed_point(timeout_s: float) -> Outcome:
             _, L, _ = coordinator.find_longest_cache_hit_hybrid(groups, len(groups), K, _abstract_search(accepted))
             want = max(frozenset.intersection(*sets))
             if L != want:
-                return Outcome(COUNTEREXAMPLE, "the fixed point is the longest length all groups accept",
-                               {"kinds": list(kinds), "accepted": [sorted(s) for s in sets], "hit": L,
-                                "longest_common": want})
+                return Outcome(
+                    COUNTEREXAMPLE,
+                    "the fixed point is the longest length all groups accept",
+                    {"kinds": list(kinds), "accepted": [sorted(s) for s in sets], "hit": L, "longest_common": want},
+                )
     return Outcome(PROVEN)
 
 
@@ -223,37 +239,48 @@ def check_end_to_end(timeout_s: float) -> Outcome:
             alignment = alignment * s.block_size // _gcd(alignment, s.block_size)
         cap = min(nb * s.block_size for nb, s in zip(nbs, specs))
         spec_groups = tuple(
-            sorted((coordinator.SpecGroup(s, (GroupId(g),)) for g, s in enumerate(specs)),
-                   key=lambda sg: sg.spec.kind != "full")
+            sorted(
+                (coordinator.SpecGroup(s, (GroupId(g),)) for g, s in enumerate(specs)),
+                key=lambda sg: sg.spec.kind != "full",
+            )
         )
         for patterns in itertools.product(*[_patterns(s, nb) for s, nb in zip(specs, nbs)]):
 
             def search(
-                sg: coordinator.SpecGroup, max_length: int, specs: Any = specs, patterns: Any = patterns,
+                sg: coordinator.SpecGroup,
+                max_length: int,
+                specs: Any = specs,
+                patterns: Any = patterns,
                 alignment: int = alignment,
             ) -> tuple[Any, int]:
                 g = sg.group_ids[0]
                 s = specs[g]
                 return search_group(s, lookup(patterns[g], g, max_length // s.block_size), max_length, alignment)
 
-            where = {"specs": [repr(s) for s in specs], "cap": cap,
-                     "patterns": ["".join("T" if p else "F" for p in pat) for pat in patterns]}
+            where = {
+                "specs": [repr(s) for s in specs],
+                "cap": cap,
+                "patterns": ["".join("T" if p else "F" for p in pat) for pat in patterns],
+            }
             try:
                 lists, L, _ = coordinator.find_longest_cache_hit_hybrid(spec_groups, len(specs), cap, search)
             except LookupOutOfRange as e:
                 return Outcome(COUNTEREXAMPLE, "looks only below the candidate length", where, str(e))
             want = max(
-                L2 for L2 in range(0, cap + 1, alignment)
-                if all(accepts(s, pat, L2) for s, pat in zip(specs, patterns))
+                L2 for L2 in range(0, cap + 1, alignment) if all(accepts(s, pat, L2) for s, pat in zip(specs, patterns))
             )
             if L != want:
-                return Outcome(COUNTEREXAMPLE, "the hybrid hit is the longest aligned length all groups accept",
-                               {**where, "hit": L, "longest_common": want})
+                return Outcome(
+                    COUNTEREXAMPLE,
+                    "the hybrid hit is the longest aligned length all groups accept",
+                    {**where, "hit": L, "longest_common": want},
+                )
             for g, (s, pat) in enumerate(zip(specs, patterns)):
                 wrong = check_lists(s, pat, (lists[g],), L, g)
                 if wrong:
-                    return Outcome(COUNTEREXAMPLE, "every group's lists fit the common hit",
-                                   {**where, "group": g, "hit": L}, wrong)
+                    return Outcome(
+                        COUNTEREXAMPLE, "every group's lists fit the common hit", {**where, "group": g, "hit": L}, wrong
+                    )
     return Outcome(PROVEN)
 
 
@@ -268,8 +295,10 @@ CLAIMS = [
         "hit_search.per_group",
         "Each per-kind hit search returns the longest aligned length <= max_length that its group "
         "accepts (full: maximal prefix), with lists that hold exactly the cached blocks it needs.",
-        ("attention semantics: full [0, L), sliding window [L-W+1, L), chunked [floor(L/C)*C, L)",
-         "chunked local: alignment == block_size and C a multiple of it (vLLM asserts the first)"),
+        (
+            "attention semantics: full [0, L), sliding window [L-W+1, L), chunked [floor(L/C)*C, L)",
+            "chunked local: alignment == block_size and C a multiple of it (vLLM asserts the first)",
+        ),
         check_per_group,
         bound="every pattern of <= 12 blocks; bs 1-2; W 1, 2, 4, 5; C 1-3 blocks; alignment 1-3 blocks",
     ),

@@ -107,7 +107,7 @@ def _symbolize(obj: Any, case: Case, sym: Sym) -> Any:
         return tuple(_symbolize(x, case, sym) for x in obj)
     prefix = case.placeholder("")[:-1]
     if isinstance(obj, str) and obj.startswith(prefix):
-        return sym.string(obj[len(prefix):-1])
+        return sym.string(obj[len(prefix) : -1])
     return obj
 
 
@@ -135,7 +135,7 @@ def struct_eq(x: Any, y: Any) -> z3.BoolRef:
     if kx == "str":
         x = z3.StringVal(x) if isinstance(x, str) else x
         y = z3.StringVal(y) if isinstance(y, str) else y
-    return x == y  # type: ignore[no-any-return]
+    return x == y
 
 
 def meaning(case: Case, sym: Sym) -> tuple[Any, ...]:
@@ -192,8 +192,12 @@ def check_hash_input_injective(timeout_s: float) -> Outcome:
                     for v in s.vars.values():
                         model[str(v)] = str(m.eval(v, model_completion=True))
             solver.pop()
-            return Outcome(status, "equal hash inputs imply equal block meaning", model,
-                           detail="two different blocks give the hash the same input")
+            return Outcome(
+                status,
+                "equal hash inputs imply equal block meaning",
+                model,
+                detail="two different blocks give the hash the same input",
+            )
         solver.pop()
     return Outcome(PROVEN)
 
@@ -237,11 +241,10 @@ def check_block_key_injective(timeout_s: float) -> Outcome:
     g1, g2 = z3.BitVec("group1", 32), z3.BitVec("group2", 32)
     k1 = types.make_block_key(SymBytes(h1), SymGroupId(g1))  # type: ignore[arg-type]
     k2 = types.make_block_key(SymBytes(h2), SymGroupId(g2))  # type: ignore[arg-type]
-    back = types.get_block_hash(k1)  # type: ignore[arg-type]
+    back = types.get_block_hash(k1)
     premises = [z3.Length(h1) == HASH_BYTES, z3.Length(h2) == HASH_BYTES]
     for goal_name, bad in (
-        ("different (hash, group) give different keys",
-         z3.And(k1.seq == k2.seq, z3.Or(h1 != h2, g1 != g2))),  # type: ignore[attr-defined]
+        ("different (hash, group) give different keys", z3.And(k1.seq == k2.seq, z3.Or(h1 != h2, g1 != g2))),  # type: ignore[attr-defined]
         ("get_block_hash(make_block_key(h, g)) == h", back.seq != h1),  # type: ignore[attr-defined]
     ):
         solver = z3.Solver()
@@ -250,8 +253,9 @@ def check_block_key_injective(timeout_s: float) -> Outcome:
         answer = solver.check()
         if answer == z3.sat:
             m = solver.model()
-            return Outcome(COUNTEREXAMPLE, goal_name, {str(v): str(m.eval(v, model_completion=True))
-                                                       for v in (h1, h2, g1, g2)})
+            return Outcome(
+                COUNTEREXAMPLE, goal_name, {str(v): str(m.eval(v, model_completion=True)) for v in (h1, h2, g1, g2)}
+            )
         if answer == z3.unknown:
             return Outcome(UNKNOWN, goal_name, detail=solver.reason_unknown())
     return Outcome(PROVEN)
@@ -302,22 +306,33 @@ def _collision(key_fn: Any, width: int, timeout_s: float, what: str) -> Outcome:
 
 
 def check_polynomial_key_collides(timeout_s: float) -> Outcome:
-    return _collision(lambda ts: polynomial_rolling_key(ts), 0, timeout_s,
-                      "two different 16-token blocks with equal polynomial rolling keys")
+    return _collision(
+        lambda ts: polynomial_rolling_key(ts),
+        0,
+        timeout_s,
+        "two different 16-token blocks with equal polynomial rolling keys",
+    )
 
 
 def check_truncated_token_key_collides(timeout_s: float) -> Outcome:
-    return _collision(lambda ts: truncated_token_key(ts), 32, timeout_s,
-                      "two different 16-token blocks with equal one-byte-per-token keys")
+    return _collision(
+        lambda ts: truncated_token_key(ts),
+        32,
+        timeout_s,
+        "two different 16-token blocks with equal one-byte-per-token keys",
+    )
 
 
 CLAIMS = [
     Claim(
         "keys.hash_input_injective",
         "Different (parent, tokens, LoRA, salt, multimodal items) give different inputs to the block hash.",
-        ("pickle of str/int/None tuples is injective", "salts are non-empty",
-         "equal multimodal identifiers have equal lengths (content hash)",
-         "the parent hash fixes the block position"),
+        (
+            "pickle of str/int/None tuples is injective",
+            "salts are non-empty",
+            "equal multimodal identifiers have equal lengths (content hash)",
+            "the parent hash fixes the block position",
+        ),
         check_hash_input_injective,
         bound="blocks of 4 tokens at positions 0 and 4, every pair of 20-32 request shapes",
     ),

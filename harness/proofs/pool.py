@@ -24,7 +24,8 @@ Two claims:
   and two possible keys, under get_new_blocks(k), touch, free_blocks (one block and whole
   two-block tables, both orders), cache_full_blocks, evict_blocks and reset_prefix_cache; the
   invariants above, plus queue entries distinct, the hash map agreeing with the blocks' keys, and
-  blocks handed out by get_new_blocks being unhashed, hold in every reachable state (breadth-first until no new state appears).
+  blocks handed out by get_new_blocks being unhashed, hold in every reachable state (breadth-first
+  until no new state appears).
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ class PoolVars:
     def make(tag: str) -> PoolVars:
         INT, BOOL = z3.IntSort(), z3.BoolSort()
         return PoolVars(
-            z3.Array(f"ref{tag}", INT, INT), z3.Array(f"inq{tag}", INT, BOOL), z3.Array(f"hashed{tag}", INT, BOOL),
-            z3.Array(f"refs{tag}", INT, INT), z3.Int(f"nfree{tag}"), z3.Int(f"nused{tag}"), z3.Int(f"N{tag}"),
+            z3.Array(f"ref{tag}", INT, INT),
+            z3.Array(f"inq{tag}", INT, BOOL),
+            z3.Array(f"hashed{tag}", INT, BOOL),
+            z3.Array(f"refs{tag}", INT, INT),
+            z3.Int(f"nfree{tag}"),
+            z3.Int(f"nused{tag}"),
+            z3.Int(f"N{tag}"),
         )
 
 
@@ -90,8 +96,9 @@ def _used(s: PoolVars, b: z3.ArithRef) -> z3.ArithRef:
     return z3.If(s.ref[b] > 0, 1, 0)
 
 
-def _with(s: PoolVars, b: z3.ArithRef, ref: Any = None, inq: Any = None, hashed: Any = None,
-          refs: Any = None, dfree: Any = 0) -> PoolVars:
+def _with(
+    s: PoolVars, b: z3.ArithRef, ref: Any = None, inq: Any = None, hashed: Any = None, refs: Any = None, dfree: Any = 0
+) -> PoolVars:
     """``s`` with block ``b``'s entries replaced; ``nused`` follows the change of ``ref[b] > 0``."""
     new_ref = s.ref if ref is None else z3.Store(s.ref, b, ref)
     t = PoolVars(
@@ -99,7 +106,9 @@ def _with(s: PoolVars, b: z3.ArithRef, ref: Any = None, inq: Any = None, hashed:
         s.inq if inq is None else z3.Store(s.inq, b, inq),
         s.hashed if hashed is None else z3.Store(s.hashed, b, hashed),
         s.refs if refs is None else z3.Store(s.refs, b, refs),
-        s.nfree + dfree, s.nused, s.N,
+        s.nfree + dfree,
+        s.nused,
+        s.N,
     )
     return PoolVars(t.ref, t.inq, t.hashed, t.refs, t.nfree, s.nused - _used(s, b) + _used(t, b), s.N)
 
@@ -160,13 +169,16 @@ def check_inductive(timeout_s: float) -> Outcome:
         for goal, post in (("per-block invariants at x", block_invariant(t, x)), ("conservation", global_invariant(t))):
             solver = z3.Solver()
             solver.set(timeout=max(1, int(timeout_s * 1000)))
-            solver.add(global_invariant(s), block_invariant(s, x), block_invariant(s, b), counts_cover(s, b),
-                       pre, z3.Not(post))
+            solver.add(
+                global_invariant(s), block_invariant(s, x), block_invariant(s, b), counts_cover(s, b), pre, z3.Not(post)
+            )
             answer = solver.check()
             if answer == z3.sat:
                 m = solver.model()
-                model = {v: m.eval(z3.Int(v) if v != "op" else z3.Int("b"), model_completion=True).as_long()
-                         for v in ("b", "x", "nfree", "nused", "N")}
+                model = {
+                    v: m.eval(z3.Int(v) if v != "op" else z3.Int("b"), model_completion=True).as_long()
+                    for v in ("b", "x", "nfree", "nused", "N")
+                }
                 return Outcome(COUNTEREXAMPLE, f"{name}: {goal}", {"op": name, **model})
             if answer == z3.unknown:
                 return Outcome(UNKNOWN, f"{name}: {goal}", detail=solver.reason_unknown())
@@ -235,8 +247,13 @@ def _successors(pool: bp.BlockPool, refs: tuple[int, ...]) -> list[tuple[str, bp
             out.append((f"free_blocks([{b}])", bp.free_blocks(pool, [BlockId(b)]), add_refs((b,), -1)))
             for c in range(1, N):
                 if c != b and refs[c] > 0:
-                    out.append((f"free_blocks([{b}, {c}])", bp.free_blocks(pool, [BlockId(b), BlockId(c)]),
-                                add_refs((b, c), -1)))
+                    out.append(
+                        (
+                            f"free_blocks([{b}, {c}])",
+                            bp.free_blocks(pool, [BlockId(b), BlockId(c)]),
+                            add_refs((b, c), -1),
+                        )
+                    )
             if pool.block_key[b] is None:
                 for key in KEYS:
                     h = key[:-4]
@@ -264,13 +281,21 @@ def check_bounded(timeout_s: float) -> Outcome:
                 try:
                     successors = _successors(pool, refs)
                 except AssertionError as e:  # the spec's own assertions, or a hashed fresh block
-                    return Outcome(COUNTEREXAMPLE, "operations succeed and hand out unhashed blocks",
-                                   {"num_blocks": N, "profile": profile.value, "ops": list(path)}, str(e))
+                    return Outcome(
+                        COUNTEREXAMPLE,
+                        "operations succeed and hand out unhashed blocks",
+                        {"num_blocks": N, "profile": profile.value, "ops": list(path)},
+                        str(e),
+                    )
                 for label, new_pool, new_refs in successors:
                     wrong = pool_violation(new_pool, new_refs)
                     if wrong:
-                        return Outcome(COUNTEREXAMPLE, "every reachable pool satisfies the invariants",
-                                       {"num_blocks": N, "profile": profile.value, "ops": list(path + (label,))}, wrong)
+                        return Outcome(
+                            COUNTEREXAMPLE,
+                            "every reachable pool satisfies the invariants",
+                            {"num_blocks": N, "profile": profile.value, "ops": list(path + (label,))},
+                            wrong,
+                        )
                     key = _state_key(new_pool, new_refs)
                     if key not in seen:
                         seen.add(key)
@@ -284,8 +309,12 @@ CLAIMS = [
         "pool.invariants_inductive",
         "touch, get_new_blocks, free_blocks, cache, evict and reset each preserve conservation, "
         "free <=> ref_cnt 0, null never free or hashed, and ref_cnt == references (any pool size).",
-        ("the invariants hold before the step", "a freed block is referenced by the freeing table",
-         "get_new_blocks takes a queued block", "queue order is not modelled"),
+        (
+            "the invariants hold before the step",
+            "a freed block is referenced by the freeing table",
+            "get_new_blocks takes a queued block",
+            "queue order is not modelled",
+        ),
         check_inductive,
     ),
     Claim(

@@ -40,8 +40,9 @@ def group_spec(kind: str, block_size: int, span: int | None = None) -> Attention
 
 def allocation_trace(model: Mapping[str, Any]) -> dict[str, Any] | None:
     """Turn an ``allocate_slots`` counterexample (the symbolic inputs of ``harness.proofs.allocation``)
-    into ``{"config": KVCacheConfig, "ops": [Op, ...]}``: a warm-up request caches the prompt so that the request under test hits
-    ``hits`` blocks, then the request is looked up and allocated with the counterexample's counts.
+    into ``{"config": KVCacheConfig, "ops": [Op, ...]}``: a warm-up request caches the prompt so that the
+    request under test hits ``hits`` blocks, then the request is looked up and allocated with the
+    counterexample's counts.
 
     Returns None when the numbers are too large to replay (more than 4096 tokens)."""
     bs = int(model.get("bs", 1) or 1)
@@ -79,8 +80,9 @@ def allocation_trace(model: Mapping[str, Any]) -> dict[str, Any] | None:
         )
     )
     num_blocks = 2 * (-(-M // bs)) + 2
-    config = KVCacheConfig(num_blocks=BlockCount(num_blocks), groups=(group_spec(kind, bs, span),),
-                           max_model_len=TokenCount(M))
+    config = KVCacheConfig(
+        num_blocks=BlockCount(num_blocks), groups=(group_spec(kind, bs, span),), max_model_len=TokenCount(M)
+    )
     return {"config": config, "ops": steps}
 
 
@@ -100,17 +102,23 @@ def hit_cap_trace(model: Mapping[str, Any]) -> dict[str, Any] | None:
     if T > 4096 or bs < 1:
         return None
     prompt = tuple(range(1, T + 1))
-    ops: list[Op] = [AddRequest("warm", prompt), AllocateSlots("warm", num_new_tokens=T), Free("warm"),
-                     AddRequest("r", prompt), GetComputedBlocks("r")]
-    config = KVCacheConfig(num_blocks=BlockCount(2 * (-(-T // bs)) + 2), groups=(full_attention(bs),),
-                           max_model_len=TokenCount(T))
+    ops: list[Op] = [
+        AddRequest("warm", prompt),
+        AllocateSlots("warm", num_new_tokens=T),
+        Free("warm"),
+        AddRequest("r", prompt),
+        GetComputedBlocks("r"),
+    ]
+    config = KVCacheConfig(
+        num_blocks=BlockCount(2 * (-(-T // bs)) + 2), groups=(full_attention(bs),), max_model_len=TokenCount(T)
+    )
     return {"config": config, "ops": ops}
 
 
 def _expected_outcomes(config: KVCacheConfig, ops: list[Op]) -> list[Any]:
     """The spec's outcome per step when a spec target exists; nulls otherwise (or if it fails)."""
     try:
-        from harness.targets import spec as spec_target  # type: ignore[attr-defined]
+        from harness.targets import spec as spec_target
 
         target = spec_target.SpecTarget()
         target.reset(config)

@@ -30,10 +30,8 @@ def check_sliding_window_remove(timeout_s: float) -> Outcome:
     # block i is attended by no future query <=> its last position is before n - W + 1
     unused = (i + 1) * bs - 1 < n - W + 1
     goals = [
-        ("safety: removed blocks hold no attended position",
-         z3.Not(z3.And(i >= 0, i < k, in_block, attended))),
-        ("no leak: every unattended block of the table is removed",
-         z3.Implies(z3.And(i >= 0, i < L, unused), i < k)),
+        ("safety: removed blocks hold no attended position", z3.Not(z3.And(i >= 0, i < k, in_block, attended))),
+        ("no leak: every unattended block of the table is removed", z3.Implies(z3.And(i >= 0, i < L, unused), i < k)),
         ("removes no more than the table", z3.And(k >= 0, k <= L)),
     ]
     return prove_goals([bs, W, n, L, i, q], premises, goals, timeout_s, shown=[("blocks_removed", k)])
@@ -47,10 +45,11 @@ def check_sliding_window_hit_rule(timeout_s: float) -> Outcome:
     premises = [bs >= 1, W >= 1]
     goals = [
         ("need >= 0", need >= 0),
-        ("covers: every attended earlier position lies in the need blocks",
-         z3.Implies(z3.And(d >= 1, d <= W - 1), d <= need * bs)),
-        ("least: need - 1 blocks miss an attended position",
-         z3.Implies(need >= 1, W - 1 > (need - 1) * bs)),
+        (
+            "covers: every attended earlier position lies in the need blocks",
+            z3.Implies(z3.And(d >= 1, d <= W - 1), d <= need * bs),
+        ),
+        ("least: need - 1 blocks miss an attended position", z3.Implies(need >= 1, W - 1 > (need - 1) * bs)),
     ]
     return prove_goals([bs, W, d], premises, goals, timeout_s, shown=[("need", need)])
 
@@ -64,18 +63,28 @@ def check_chunked_local_remove(timeout_s: float) -> Outcome:
     premises = [bs >= 1, C >= 1, n >= 0, L >= 0, kn * C <= n, n < (kn + 1) * C]
     first_attended = kn * C
     goals = [
-        ("lemma: the skipped tokens are the start of n's chunk",
-         arith.get_chunked_local_num_skipped_tokens(n, C) == first_attended),
-        ("lemma: a later query's chunk starts no earlier than n's chunk",
-         z3.Implies(z3.And(p >= n, kp * C <= p, p < (kp + 1) * C), kp * C >= first_attended)),
+        (
+            "lemma: the skipped tokens are the start of n's chunk",
+            arith.get_chunked_local_num_skipped_tokens(n, C) == first_attended,
+        ),
+        (
+            "lemma: a later query's chunk starts no earlier than n's chunk",
+            z3.Implies(z3.And(p >= n, kp * C <= p, p < (kp + 1) * C), kp * C >= first_attended),
+        ),
         ("safety: removed blocks end before the first attended position", k * bs <= first_attended),
-        ("no leak: every block wholly before the chunk of position n is removed",
-         z3.Implies(z3.And(i >= 0, i < L, (i + 1) * bs <= first_attended), i < k)),
-        ("exact chunk multiple: at n = m*C every earlier block is removed",
-         z3.Implies(z3.And(n % C == 0, i >= 0, i < L, (i + 1) * bs <= n), i < k)),
+        (
+            "no leak: every block wholly before the chunk of position n is removed",
+            z3.Implies(z3.And(i >= 0, i < L, (i + 1) * bs <= first_attended), i < k),
+        ),
+        (
+            "exact chunk multiple: at n = m*C every earlier block is removed",
+            z3.Implies(z3.And(n % C == 0, i >= 0, i < L, (i + 1) * bs <= n), i < k),
+        ),
         ("removes no more than the table", z3.And(k >= 0, k <= L)),
     ]
-    return prove_goals([bs, C, n, L, i, p, kn, kp], premises, goals, timeout_s, shown=[("blocks_removed", k)], chain=True)
+    return prove_goals(
+        [bs, C, n, L, i, p, kn, kp], premises, goals, timeout_s, shown=[("blocks_removed", k)], chain=True
+    )
 
 
 def _chunked_hit_goals(with_multiple_premise: bool, timeout_s: float) -> Outcome:
@@ -83,21 +92,29 @@ def _chunked_hit_goals(with_multiple_premise: bool, timeout_s: float) -> Outcome
     start = arith.get_chunked_local_hit_start(ml, C)
     start_block = arith.floordiv(start, bs)
     max_blocks = arith.floordiv(ml, bs)
-    premises = [bs >= 1, C >= 1, ml >= 0,
-                # the scan returns start_block nulls plus a run of cached blocks, within max_length
-                # (nulls up to start_block, then blocks start_block .. max_blocks - 1 while cached)
-                h % bs == 0, h >= start_block * bs, z3.Or(h == start_block * bs, h <= max_blocks * bs),
-                # the first query after the hit sits at h, in chunk [kh*C, (kh+1)*C)
-                kh * C <= h, h < (kh + 1) * C]
+    premises = [
+        bs >= 1,
+        C >= 1,
+        ml >= 0,
+        # the scan returns start_block nulls plus a run of cached blocks, within max_length
+        # (nulls up to start_block, then blocks start_block .. max_blocks - 1 while cached)
+        h % bs == 0,
+        h >= start_block * bs,
+        z3.Or(h == start_block * bs, h <= max_blocks * bs),
+        # the first query after the hit sits at h, in chunk [kh*C, (kh+1)*C)
+        kh * C <= h,
+        h < (kh + 1) * C,
+    ]
     if with_multiple_premise:
         premises.append(C == kc * bs)
     goals = [
-        ("null blocks counted as hit lie wholly before the chunk of the next query",
-         start_block * bs <= kh * C),
+        ("null blocks counted as hit lie wholly before the chunk of the next query", start_block * bs <= kh * C),
         ("the null prefix is within max_length", start_block * bs <= ml),
         ("the hit is within max_length", h <= ml),
     ]
-    return prove_goals([bs, C, ml, h, kh, kc], premises, goals, timeout_s, shown=[("start", start), ("start_block", start_block)])
+    return prove_goals(
+        [bs, C, ml, h, kh, kc], premises, goals, timeout_s, shown=[("start", start), ("start_block", start_block)]
+    )
 
 
 def check_chunked_local_hit_start(timeout_s: float) -> Outcome:
@@ -138,8 +155,11 @@ CLAIMS = [
         "chunked_local.hit_start",
         "The null blocks a chunked-local hit counts as computed lie wholly before the chunk of the "
         "first query after the hit.",
-        ("block_size >= 1", "attention_chunk_size is a multiple of block_size",
-         "the hit is a block-aligned length between the null prefix and max_length"),
+        (
+            "block_size >= 1",
+            "attention_chunk_size is a multiple of block_size",
+            "the hit is a block-aligned length between the null prefix and max_length",
+        ),
         check_chunked_local_hit_start,
     ),
 ]

@@ -30,7 +30,9 @@ class TargetLoadError(Exception):
 def _check_protocol(obj: object, what: str) -> Target:
     missing = [m for m in ("name", "version", "reset", "apply", "observe") if not hasattr(obj, m)]
     if missing:
-        raise TargetLoadError(f"{what} returned {type(obj).__name__}, which lacks {', '.join(missing)} (see docs/targets.md)")
+        raise TargetLoadError(
+            f"{what} returned {type(obj).__name__}, which lacks {', '.join(missing)} (see docs/targets.md)"
+        )
     for m in ("reset", "apply", "observe"):
         if not callable(getattr(obj, m)):
             raise TargetLoadError(f"{what}: {m} is not callable")
@@ -46,7 +48,9 @@ def _builtin(name: str) -> Callable[[], Target]:
         try:
             import vllm  # noqa: F401
         except Exception as e:  # ImportError, or a broken install
-            raise TargetLoadError(f"target 'vllm' needs vLLM 0.33.0 installed (ci/setup --vllm): {type(e).__name__}: {e}") from None
+            raise TargetLoadError(
+                f"target 'vllm' needs vLLM 0.33.0 installed (ci/setup --vllm): {type(e).__name__}: {e}"
+            ) from None
         try:
             mod = importlib.import_module("harness.targets.vllm")
         except Exception as e:
@@ -103,7 +107,7 @@ def _user_factory(name: str) -> Callable[[], Target]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TargetLoadError(f"--target {name!r}: {attr} is not callable")
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def _call_factory(factory: Callable[[], Target], name: str) -> Target:

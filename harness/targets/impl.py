@@ -3,8 +3,9 @@
 The shared dispatch (``harness.targets.adapter``) keeps the request book; this adapter keeps the
 allocator's own request records in step (tokens, ``num_computed_tokens``, status, and the block
 hashes computed with the LoRA / multimodal / salt features of the book), maps each manager call
-onto ``impl.allocator.KVCacheManager``, and reports the manager's state as an ``Observation``.  It shares only vocabulary with ``spec/`` (config, events,
-types); the allocator itself is independent of it.
+onto ``impl.allocator.KVCacheManager``, and reports the manager's state as an ``Observation``.  It
+shares only vocabulary with ``spec/`` (config, events, types); the allocator itself is independent
+of it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Keeps one ``KVCacheManagerState``; the shared dispatch (``harness.targets.adapter``) keeps the
 spec ``Request`` values in its request book, and each hook calls the function of
-``spec.kv_cache_manager`` / ``spec.request`` of the same name.  ``observe`` is the one place that turns the spec state into an
-``Observation``.  Spec vs spec must never diverge; a copy of this target with small deliberate bugs
+``spec.kv_cache_manager`` / ``spec.request`` of the same name.  ``observe`` is the one place that
+turns the spec state into an ``Observation``.  Spec vs spec must never diverge; a copy of this
+target with small deliberate bugs
 (``harness.mutants``) shows that the harness catches them.
 """
 
@@ -95,7 +96,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             # num_computed_tokens by all scheduled tokens (drafts and pad_spec_decode dummies
             # included) until update_from_output rolls the rejected ones back: the count may
             # exceed num_tokens_with_spec for that window.  spec.request asserts otherwise.
-            return dataclasses.replace(native, num_computed_tokens=n)
+            return dataclasses.replace(native, num_computed_tokens=TokenCount(n))
         return rq.with_num_computed_tokens(native, n)
 
     # --- manager calls -------------------------------------------------------------------------

@@ -136,7 +136,10 @@ def sharing_only_through_prefix(c: StateContext) -> str | None:
             view = c.view_hashes(rid, gid)
             seen.add(view[i] if i < len(view) else None)
         if len(seen) != 1 or None in seen:
-            return f"block {b} is shared at index {i} by requests with different (or missing) hashes {[r for _, r, _ in refs]}"
+            return (
+                f"block {b} is shared at index {i} by requests with different (or missing) hashes "
+                f"{[r for _, r, _ in refs]}"
+            )
     return None
 
 
@@ -192,7 +195,10 @@ def hashed_means_full_and_correct(c: StateContext) -> str | None:
                 inside = {make_block_key(h, GroupId(gid)) for h in fine[i * scale : (i + 1) * scale - 1]}
                 for extra in pool.secondary_keys.get(b, ()):
                     if extra not in inside:
-                        return f"group {gid} request {rid!r} slot {i} (block {b}) has a secondary key that is not a boundary inside it"
+                        return (
+                            f"group {gid} request {rid!r} slot {i} (block {b}) has a secondary key "
+                            "that is not a boundary inside it"
+                        )
                 if i >= cached:
                     if key is not None and key not in inside:
                         return (
@@ -202,9 +208,15 @@ def hashed_means_full_and_correct(c: StateContext) -> str | None:
                 if key is None:
                     if c.evict_called or _masked(c.config, gid, i):
                         continue
-                    return f"group {gid} request {rid!r} slot {i} (block {b}) is below the cached count {cached} but unhashed"
+                    return (
+                        f"group {gid} request {rid!r} slot {i} (block {b}) is below the cached count {cached} "
+                        "but unhashed"
+                    )
                 if i >= len(view) or key != make_block_key(view[i], GroupId(gid)):
-                    return f"group {gid} request {rid!r} slot {i} (block {b}) is hashed with a key that is not the request's hash {i}"
+                    return (
+                        f"group {gid} request {rid!r} slot {i} (block {b}) is hashed with a key "
+                        f"that is not the request's hash {i}"
+                    )
                 if pool.block_key_tokens[b] not in (None, (i + 1) * bs):  # None: a target that does not say
                     return (
                         f"block {b} holds a full key but records {pool.block_key_tokens[b]} tokens, not {(i + 1) * bs}"
@@ -244,7 +256,10 @@ def cache_bounds(c: StateContext) -> str | None:
             if req is None:
                 return f"group {gid}: num_cached_block for unknown request {rid!r}"
             if n * bs > req.num_tokens:
-                return f"group {gid} request {rid!r}: num_cached_block {n} covers {n * bs} tokens > num_tokens {req.num_tokens}"
+                return (
+                    f"group {gid} request {rid!r}: num_cached_block {n} covers {n * bs} tokens "
+                    f"> num_tokens {req.num_tokens}"
+                )
             real = [i for i in range(n) if table[i] != NULL_BLOCK_ID]
             if real and (real[-1] + 1) * bs > len(req.block_hashes) * hbs:
                 return (
@@ -370,7 +385,10 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
     if replayed != actual:
         missing = set(actual) - set(replayed)
         extra = set(replayed) - set(actual)
-        return f"events replay to {len(replayed)} keys, map holds {len(actual)} ({len(missing)} unannounced, {len(extra)} stale)"
+        return (
+            f"events replay to {len(replayed)} keys, map holds {len(actual)} "
+            f"({len(missing)} unannounced, {len(extra)} stale)"
+        )
     return None
 
 

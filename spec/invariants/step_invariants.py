@@ -80,7 +80,10 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
         for rid, table in ga.req_to_blocks.items():
             old = gb.req_to_blocks.get(rid, ())
             if len(table) != len(old) or any(x != y and x != NULL_BLOCK_ID for x, y in zip(table, old)):
-                return f"group {gid} request {rid!r} table changed from {list(old)} to {list(table)} in a failed allocation"
+                return (
+                    f"group {gid} request {rid!r} table changed from {list(old)} to {list(table)} "
+                    "in a failed allocation"
+                )
         if ga.num_cached_block != gb.num_cached_block:
             return f"group {gid} num_cached_block changed in a failed allocation"
     return None
@@ -285,7 +288,10 @@ def window_blocks_released(s: StepContext) -> str | None:
         must_be_null = min(skipped // spec.block_size, before_len)
         live = [i for i in range(must_be_null) if table[i] != NULL_BLOCK_ID]
         if live:
-            return f"group {gid} request {rid!r}: positions {live} are out of the window ({processed} processed) but still hold blocks {list(table)}"
+            return (
+                f"group {gid} request {rid!r}: positions {live} are out of the window ({processed} processed) "
+                f"but still hold blocks {list(table)}"
+            )
     return None
 
 

@@ -23,5 +23,11 @@ def env(**extra: str) -> dict[str, str]:
 
 def kvspec(*args: str, cwd: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
     """``kvspec ARGS`` (as ``python -m harness``) in ``cwd``."""
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env(**extra), text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env=env(**extra),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )

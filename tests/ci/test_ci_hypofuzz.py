@@ -26,10 +26,30 @@ def failures(tmp_path) -> int:
 
 def test_hypofuzz_finds_a_mutant_through_the_plugin(tmp_path):
     pytest.importorskip("hypofuzz")
-    cmd = [str(VENV_BIN / "hypothesis"), "fuzz", "-n", "1", "--no-dashboard", "--", "-p", "no:cacheprovider",
-           "--kvspec-target", "mutant:hits_not_touched", "--kvspec-family", "full", "--kvspec-only"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
+    cmd = [
+        str(VENV_BIN / "hypothesis"),
+        "fuzz",
+        "-n",
+        "1",
+        "--no-dashboard",
+        "--",
+        "-p",
+        "no:cacheprovider",
+        "--kvspec-target",
+        "mutant:hits_not_touched",
+        "--kvspec-family",
+        "full",
+        "--kvspec-only",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None and not failures(tmp_path):

@@ -24,8 +24,22 @@ def suite(path: Path) -> ET.Element:
 
 def test_fuzz_junit_has_one_case_per_family(tmp_path):
     """The worked example passes no_cache and models none of sliding_window (a skipped case)."""
-    r = kvspec("fuzz", "--target", "examples.my_manager:make_target", "--relation", "invariants", "--family",
-               "no_cache,sliding_window", "--seconds", "3", "--junit-xml", "j/fuzz.xml", "--db", "db", cwd=tmp_path)
+    r = kvspec(
+        "fuzz",
+        "--target",
+        "examples.my_manager:make_target",
+        "--relation",
+        "invariants",
+        "--family",
+        "no_cache,sliding_window",
+        "--seconds",
+        "3",
+        "--junit-xml",
+        "j/fuzz.xml",
+        "--db",
+        "db",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     ts = suite(tmp_path / "j" / "fuzz.xml")
     cases = list(ts.iter("testcase"))
@@ -35,8 +49,24 @@ def test_fuzz_junit_has_one_case_per_family(tmp_path):
 
 
 def test_fuzz_junit_failure_names_the_finding_and_report(tmp_path):
-    r = kvspec("fuzz", "--target", "mutant:hits_not_touched", "--family", "full", "--seconds", "30", "--shrink-seconds", "2",
-               "--junit-xml", "fuzz.xml", "--out", "reports", "--db", "db", cwd=tmp_path)
+    r = kvspec(
+        "fuzz",
+        "--target",
+        "mutant:hits_not_touched",
+        "--family",
+        "full",
+        "--seconds",
+        "30",
+        "--shrink-seconds",
+        "2",
+        "--junit-xml",
+        "fuzz.xml",
+        "--out",
+        "reports",
+        "--db",
+        "db",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1, r.stderr
     ts = suite(tmp_path / "fuzz.xml")
     (failure,) = ts.iter("failure")
@@ -51,15 +81,25 @@ def test_replay_junit_has_one_case_per_trace_and_fails_a_changed_one(tmp_path):
     lookups = [s for s in d["steps"] if s["op"] == "get_computed_blocks"]
     lookups[0]["outcome"]["num_hit_tokens"] += 1
     (tmp_path / "changed.json").write_text(json.dumps(d))
-    r = kvspec("replay", str(CORPUS / "free_order_appended.json"), "changed.json", "--target", "spec",
-               "--junit-xml", "replay.xml", cwd=tmp_path)
+    r = kvspec(
+        "replay",
+        str(CORPUS / "free_order_appended.json"),
+        "changed.json",
+        "--target",
+        "spec",
+        "--junit-xml",
+        "replay.xml",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     ts = suite(tmp_path / "replay.xml")
     cases = {c.get("name"): c for c in ts.iter("testcase")}
     assert set(cases) == {str(CORPUS / "free_order_appended.json"), "changed.json"}
     assert not cases[str(CORPUS / "free_order_appended.json")].findall("failure")
     (failure,) = cases["changed.json"].findall("failure")
-    assert "differs from the recorded one" in failure.get("message", "") and "trace: changed.json" in (failure.text or "")
+    assert "differs from the recorded one" in failure.get("message", "") and "trace: changed.json" in (
+        failure.text or ""
+    )
 
 
 def test_junit_writer_escapes_and_replaces_atomically(tmp_path):
@@ -73,8 +113,24 @@ def test_junit_writer_escapes_and_replaces_atomically(tmp_path):
 
 
 def test_workers_first_finding_stops_all_and_writes_one_report(tmp_path):
-    r = kvspec("fuzz", "--target", "mutant:hits_not_touched", "--family", "full", "--workers", "2",
-               "--seconds", "60", "--shrink-seconds", "2", "--out", "reports", "--db", "db", cwd=tmp_path)
+    r = kvspec(
+        "fuzz",
+        "--target",
+        "mutant:hits_not_touched",
+        "--family",
+        "full",
+        "--workers",
+        "2",
+        "--seconds",
+        "60",
+        "--shrink-seconds",
+        "2",
+        "--out",
+        "reports",
+        "--db",
+        "db",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1, r.stderr
     assert r.stdout.count("kvspec fuzz: FOUND") == 1 and r.stdout.count("report written to") == 1
     assert len(list((tmp_path / "reports").iterdir())) == 1
@@ -82,7 +138,9 @@ def test_workers_first_finding_stops_all_and_writes_one_report(tmp_path):
 
 
 def test_workers_without_a_finding_print_one_summary(tmp_path):
-    r = kvspec("fuzz", "--target", "spec", "--family", "full", "--workers", "2", "--seconds", "2", "--db", "db", cwd=tmp_path)
+    r = kvspec(
+        "fuzz", "--target", "spec", "--family", "full", "--workers", "2", "--seconds", "2", "--db", "db", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("kvspec fuzz: no finding") == 1, r.stdout
 

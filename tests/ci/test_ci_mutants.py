@@ -18,8 +18,20 @@ def test_campaign_table_names_the_killing_checks(tmp_path):
     r = kvspec("mutants", "--only", "free_order_appended,null_block_queued", *FAST, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("mutant ")):]
-    assert lines[0].split() == ["mutant", "origin", "mode", "family", "killed", "killed", "by", "1st", "failure", "report", "shrunk"]
+    lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("mutant ")) :]
+    assert lines[0].split() == [
+        "mutant",
+        "origin",
+        "mode",
+        "family",
+        "killed",
+        "killed",
+        "by",
+        "1st",
+        "failure",
+        "report",
+        "shrunk",
+    ]
     rows = {(ln.split()[0], ln.split()[2]): ln for ln in lines[2:] if ln and not ln.startswith("kvspec")}
     assert "divergence: observation/free_queue" in rows[("free_order_appended", "exact")]
     assert "reference-invariant: free_order" in rows[("free_order_appended", "self")]
@@ -29,24 +41,56 @@ def test_campaign_table_names_the_killing_checks(tmp_path):
 
 
 def test_a_users_mutants_are_registered_through_module_mutants(tmp_path):
-    r = kvspec("mutants", "--target", "examples.my_manager:make_target", "--mutants", "examples.my_manager_mutants:mutants",
-               "--family", "no_cache", "--relation", "invariants", "--control-seconds", "2", *FAST, cwd=tmp_path)
+    r = kvspec(
+        "mutants",
+        "--target",
+        "examples.my_manager:make_target",
+        "--mutants",
+        "examples.my_manager_mutants:mutants",
+        "--family",
+        "no_cache",
+        "--relation",
+        "invariants",
+        "--control-seconds",
+        "2",
+        *FAST,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "invariant: free_iff_unreferenced" in r.stdout and "2/2 killed" in r.stdout
 
 
 def test_a_surviving_mutant_fails_the_campaign(tmp_path):
     (tmp_path / "my_noop_mutants.py").write_text(
-        "from examples.my_manager import make_target\n\ndef mutants():\n    return {'not_a_bug': make_target}\n")
-    r = kvspec("mutants", "--target", "examples.my_manager:make_target", "--mutants", "my_noop_mutants:mutants",
-               "--family", "no_cache", "--relation", "invariants", "--control-seconds", "1", "--seconds", "2", "--out", "reports",
-               cwd=tmp_path, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+        "from examples.my_manager import make_target\n\ndef mutants():\n    return {'not_a_bug': make_target}\n"
+    )
+    r = kvspec(
+        "mutants",
+        "--target",
+        "examples.my_manager:make_target",
+        "--mutants",
+        "my_noop_mutants:mutants",
+        "--family",
+        "no_cache",
+        "--relation",
+        "invariants",
+        "--control-seconds",
+        "1",
+        "--seconds",
+        "2",
+        "--out",
+        "reports",
+        cwd=tmp_path,
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "not_a_bug" in r.stdout and " NO " in r.stdout and "0/1 killed" in r.stdout
 
 
 def test_bad_registrations_are_usage_errors(tmp_path):
-    r = kvspec("mutants", "--target", "examples.my_manager:make_target", "--mutants", "examples.my_manager:nope", cwd=tmp_path)
+    r = kvspec(
+        "mutants", "--target", "examples.my_manager:make_target", "--mutants", "examples.my_manager:nope", cwd=tmp_path
+    )
     assert r.returncode == 2 and "has no attribute 'nope'" in r.stderr, r.stderr
     with pytest.raises(ValueError, match="has no attribute 'mutants'"):  # the default: <target module>:mutants
         user_entries("examples.my_manager:make_target", None, ("full",), "exact")
@@ -59,10 +103,14 @@ def test_bad_registrations_are_usage_errors(tmp_path):
 def test_check_names_and_uncovered_checks():
     assert check_of({"kind": "invariant", "invariant": "hash_chain"}) == "invariant: hash_chain"
     assert check_of({"kind": "divergence", "message": "outcome differs: x"}) == "divergence: outcome"
-    assert check_of({"kind": "divergence", "message": "state differs after the operation: free queue differs from 0"}) == \
-        "divergence: observation/free_queue"
+    assert (
+        check_of({"kind": "divergence", "message": "state differs after the operation: free queue differs from 0"})
+        == "divergence: observation/free_queue"
+    )
     e = Entry("m", "spec", "self", "mutant:m", ("full",), object)
-    rest = uncovered([Row(e, True, "reference-invariant: conservation"), Row(e, True, "divergence: outcome"), Row(e, False)])
+    rest = uncovered(
+        [Row(e, True, "reference-invariant: conservation"), Row(e, True, "divergence: outcome"), Row(e, False)]
+    )
     assert "conservation" not in rest and "outcome" not in rest and "observation" in rest and "hash_chain" in rest
 
 
@@ -78,8 +126,16 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
         assert KVCacheManager.__dict__["get_computed_blocks"] is not original
     assert KVCacheManager.__dict__["get_computed_blocks"] is original
     (entry,) = [e for e in builtin_entries(with_vllm=True) if e.name == "vllm_hit_cap_num_tokens"]
-    opts = argparse.Namespace(seconds=30, seed=11, profile="ci", batch=25, shrink_seconds=1, step_timeout=10.0,
-                              use_db=False, out=str(tmp_path))
+    opts = argparse.Namespace(
+        seconds=30,
+        seed=11,
+        profile="ci",
+        batch=25,
+        shrink_seconds=1,
+        step_timeout=10.0,
+        use_db=False,
+        out=str(tmp_path),
+    )
     row = run_entry(entry, opts)
     assert row.killed and row.check == "divergence: outcome", row
     assert KVCacheManager.__dict__["get_computed_blocks"] is original

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ci_helpers import env
 
-FIXTURE_TESTS = '''
+FIXTURE_TESTS = """
 def test_my_manager_keeps_the_invariants(kvspec):
     kvspec.check("examples.my_manager:make_target", family="no_cache", relation="invariants")
 
@@ -20,25 +20,59 @@ def test_a_deliberate_bug_is_reported(kvspec):
 
 def test_the_teams_own_test():
     assert 1 + 1 == 2
-'''
+"""
 
 
 def pytest_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "--hypothesis-profile",
-                           "kvspec-dev", "--kvspec-shrink-seconds", "2", *args], cwd=tmp_path, env=env(), text=True,
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfEs",
+            "--hypothesis-profile",
+            "kvspec-dev",
+            "--kvspec-shrink-seconds",
+            "2",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env(),
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_a_users_manager_runs_from_pytest(tmp_path):
-    r = pytest_run(tmp_path, "--kvspec-target", "examples.my_manager:make_target", "--kvspec-family", "no_cache",
-                   "--kvspec-relation", "invariants", "--kvspec-only")
+    r = pytest_run(
+        tmp_path,
+        "--kvspec-target",
+        "examples.my_manager:make_target",
+        "--kvspec-family",
+        "no_cache",
+        "--kvspec-relation",
+        "invariants",
+        "--kvspec-only",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1 passed" in r.stdout
 
 
 def test_a_mutant_fails_with_its_report(tmp_path):
-    r = pytest_run(tmp_path, "--kvspec-target", "mutant:hits_not_touched", "--kvspec-family", "full", "--kvspec-only",
-                   "--kvspec-out", "reports")
+    r = pytest_run(
+        tmp_path,
+        "--kvspec-target",
+        "mutant:hits_not_touched",
+        "--kvspec-family",
+        "full",
+        "--kvspec-only",
+        "--kvspec-out",
+        "reports",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "TestKVSpec_full" in r.stdout and "kvspec: divergence at step" in r.stdout
     (report,) = (tmp_path / "reports").iterdir()
@@ -47,8 +81,18 @@ def test_a_mutant_fails_with_its_report(tmp_path):
 
 def test_the_fixture_and_the_teams_own_tests_run_together(tmp_path):
     (tmp_path / "test_team.py").write_text(FIXTURE_TESTS)
-    r = pytest_run(tmp_path, "test_team.py", "--kvspec-target", "examples.my_manager:make_target", "--kvspec-family",
-                   "no_cache", "--kvspec-relation", "invariants", "--kvspec-out", "reports")
+    r = pytest_run(
+        tmp_path,
+        "test_team.py",
+        "--kvspec-target",
+        "examples.my_manager:make_target",
+        "--kvspec-family",
+        "no_cache",
+        "--kvspec-relation",
+        "invariants",
+        "--kvspec-out",
+        "reports",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 failed, 3 passed" in r.stdout, r.stdout  # the team's own, the fixture's good check, TestKVSpec_no_cache
     assert "FAILED test_team.py::test_a_deliberate_bug_is_reported" in r.stdout

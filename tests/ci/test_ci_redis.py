@@ -26,8 +26,11 @@ def redis_url(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert REDIS is not None
-    proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         import redis
 
@@ -54,13 +57,27 @@ def test_a_failure_found_by_one_worker_is_replayed_first_by_the_other(redis_url,
     first = kvspec("fuzz", *BUG, "--seconds", "30", "--db", f"{redis_url}/0", "--out", "a", cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr
     # The second process generates nothing: it can only fail by replaying what the first stored.
-    second = kvspec("fuzz", *BUG, "--seconds", "30", "--seed", "7", "--profile", "replay", "--db", f"{redis_url}/0",
-                    "--out", "b", cwd=tmp_path)
+    second = kvspec(
+        "fuzz",
+        *BUG,
+        "--seconds",
+        "30",
+        "--seed",
+        "7",
+        "--profile",
+        "replay",
+        "--db",
+        f"{redis_url}/0",
+        "--out",
+        "b",
+        cwd=tmp_path,
+    )
     assert second.returncode == 1, second.stdout + second.stderr
     assert "FOUND divergence" in second.stdout
     # The control: the same replay on an empty database (another Redis database number) finds nothing.
-    control = kvspec("fuzz", *BUG, "--seconds", "30", "--profile", "replay", "--db", f"{redis_url}/1", "--out", "c",
-                     cwd=tmp_path)
+    control = kvspec(
+        "fuzz", *BUG, "--seconds", "30", "--profile", "replay", "--db", f"{redis_url}/1", "--out", "c", cwd=tmp_path
+    )
     assert control.returncode == 0, control.stdout + control.stderr
 
 

@@ -39,14 +39,21 @@ def test_template_validates(path, schema, tmp_path):
     # Teeth: the same validator rejects a broken copy.
     broken = tmp_path / path.name
     text = path.read_text()
-    broken.write_text(text.replace("runs-on:", "runs-onn:", 1) if path == GITHUB else text.replace("  timeout: 30m", "  timeoutt: 30m", 1))
+    broken.write_text(
+        text.replace("runs-on:", "runs-onn:", 1)
+        if path == GITHUB
+        else text.replace("  timeout: 30m", "  timeoutt: 30m", 1)
+    )
     assert validate(broken, schema).returncode != 0
 
 
 def github_blocks() -> dict[str, list[str]]:
     """job -> the ``run:`` blocks that call kvspec, in order."""
     doc = yaml.safe_load(GITHUB.read_text())
-    return {job: [s["run"] for s in spec["steps"] if CALLS_KVSPEC.search(s.get("run", ""))] for job, spec in doc["jobs"].items()}
+    return {
+        job: [s["run"] for s in spec["steps"] if CALLS_KVSPEC.search(s.get("run", ""))]
+        for job, spec in doc["jobs"].items()
+    }
 
 
 def gitlab_blocks() -> dict[str, list[str]]:
@@ -61,9 +68,17 @@ def gitlab_blocks() -> dict[str, list[str]]:
 
 def variables(target: str) -> dict[str, str]:
     """The templates' variables for a scratch run: tiny budgets, this repository's corpus."""
-    return {"KVSPEC_TARGET": target, "KVSPEC_FAMILY": "full", "KVSPEC_RELATION": "exact", "KVSPEC_CORPUS": "corpus",
-            "KVSPEC_DB": ".hypothesis/examples", "KVSPEC_PR_SECONDS": "2", "KVSPEC_NIGHTLY_SECONDS": "3",
-            "KVSPEC_WORKERS": "2", "KVSPEC_SHRINK_SECONDS": "2"}
+    return {
+        "KVSPEC_TARGET": target,
+        "KVSPEC_FAMILY": "full",
+        "KVSPEC_RELATION": "exact",
+        "KVSPEC_CORPUS": "corpus",
+        "KVSPEC_DB": ".hypothesis/examples",
+        "KVSPEC_PR_SECONDS": "2",
+        "KVSPEC_NIGHTLY_SECONDS": "3",
+        "KVSPEC_WORKERS": "2",
+        "KVSPEC_SHRINK_SECONDS": "2",
+    }
 
 
 def scratch(tmp_path: Path) -> Path:
@@ -75,8 +90,14 @@ def scratch(tmp_path: Path) -> Path:
 
 def run_block(block: str, proj: Path, target: str) -> subprocess.CompletedProcess[str]:
     # GitHub's default shell (bash -eo pipefail) and GitLab's (each line with errexit).
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", block], cwd=proj,
-                          env=env(**variables(target)), text=True, capture_output=True, timeout=180)
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", block],
+        cwd=proj,
+        env=env(**variables(target)),
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
 
 
 def junit_cases(path: Path) -> list[ET.Element]:

@@ -46,13 +46,24 @@ UNREACHABLE = {
     "chunked_local": {"preempt"},
     # vLLM 0.33 runs encoder-decoder models uncached and without KV connectors; no drafts here.
     "encoder_decoder": {
-        "prefix_hit", "spec_rejection", "async_load", "sync_load", "load_failed",
-        "load_invalid_recompute", "abort_while_loading", "evict_blocks",
+        "prefix_hit",
+        "spec_rejection",
+        "async_load",
+        "sync_load",
+        "load_failed",
+        "load_invalid_recompute",
+        "abort_while_loading",
+        "evict_blocks",
     },
     # Async scheduling runs without a connector (vLLM defers block frees with one) and drafts.
     "async_sched": {
-        "spec_rejection", "async_load", "sync_load", "load_failed",
-        "load_invalid_recompute", "abort_while_loading", "evict_blocks",
+        "spec_rejection",
+        "async_load",
+        "sync_load",
+        "load_failed",
+        "load_invalid_recompute",
+        "abort_while_loading",
+        "evict_blocks",
     },
     "hash_block_override": {"load_invalid_recompute", "evict_blocks"},  # hybrid layouts only
 }

@@ -64,8 +64,14 @@ def test_new_families_are_listed() -> None:
         ("encoder_decoder", lambda c: not c.enable_caching and sum(g.kind == "cross" for g in c.groups) == 1),
         ("v0_20", lambda c: c.profile == Profile.V0_20),
         ("async_sched", lambda c: c.max_in_flight_tokens is not None and c.max_in_flight_tokens % 2 == 0),
-        ("hash_block_override", lambda c: c.hash_block_size_override is not None and len(c.groups) > 1
-         and all(g.block_size > c.hash_block_size for g in c.groups)),
+        (
+            "hash_block_override",
+            lambda c: (
+                c.hash_block_size_override is not None
+                and len(c.groups) > 1
+                and all(g.block_size > c.hash_block_size for g in c.groups)
+            ),
+        ),
         ("prompt_embeds", lambda c: c.enable_caching),
     ],
 )
@@ -80,7 +86,9 @@ def test_family_draws_what_it_is_for(family: str, holds: Callable[[KVCacheConfig
 
 def _emitted(config: KVCacheConfig, family: str, seed: int = 3, actions: int = 300) -> list[O.Op]:
     ops: list[O.Op] = []
-    run_seeded(SpecTarget(), config, seed, actions, on_op=lambda op, out: ops.append(op), features=workload_features(family))
+    run_seeded(
+        SpecTarget(), config, seed, actions, on_op=lambda op, out: ops.append(op), features=workload_features(family)
+    )
     return ops
 
 
@@ -146,8 +154,19 @@ def test_new_op_and_field_round_trip() -> None:
         ({"op": "add_request", "request_id": "r", "prompt_token_ids": [0], "prompt_embeds": [7]}, "list of hex"),
         ({"op": "add_request", "request_id": "r", "prompt_token_ids": [0], "prompt_embeds": ["xyz0"]}, "not a hex"),
         ({"op": "add_request", "request_id": "r", "prompt_token_ids": [0], "prompt_embeds": ["000000"]}, "float32"),
-        ({"op": "add_request", "request_id": "r", "prompt_token_ids": [0, 0], "prompt_embeds": ["00000000", "0000000000000000"]}, "width"),
-        ({"op": "add_request", "request_id": "r", "prompt_token_ids": [0, 0], "prompt_embeds": ["00000000"]}, "1 prompt_embeds rows for 2"),
+        (
+            {
+                "op": "add_request",
+                "request_id": "r",
+                "prompt_token_ids": [0, 0],
+                "prompt_embeds": ["00000000", "0000000000000000"],
+            },
+            "width",
+        ),
+        (
+            {"op": "add_request", "request_id": "r", "prompt_token_ids": [0, 0], "prompt_embeds": ["00000000"]},
+            "1 prompt_embeds rows for 2",
+        ),
         ({"op": "set_num_in_flight_tokens", "request_id": "r", "num_in_flight_tokens": "3"}, "expected an int"),
         ({"op": "set_num_in_flight_tokens", "request_id": "r", "num_in_flight_tokens": True}, "expected an int"),
         ({"op": "set_num_in_flight_tokens", "request_id": "r", "num_in_flight_tokens": -1}, ">= 0"),
@@ -167,7 +186,14 @@ def test_trace_of_each_new_family_round_trips(family: str) -> None:
     @given(configs(family), st.integers(0, 1000))
     def check(config: KVCacheConfig, seed: int) -> None:
         steps: list[tuple[O.Op, Any]] = []
-        run_seeded(SpecTarget(), config, seed, 60, on_op=lambda op, out: steps.append((op, out)), features=workload_features(family))
+        run_seeded(
+            SpecTarget(),
+            config,
+            seed,
+            60,
+            on_op=lambda op, out: steps.append((op, out)),
+            features=workload_features(family),
+        )
         trace = Trace(config=config, steps=steps, target_name="spec", target_version="x", seed=seed, family=family)
         import json
 
@@ -202,7 +228,11 @@ class _IgnoresInFlight(_Buggy):
 class _IgnoresEncoderTokens(_Buggy):
     """Never allocates cross-attention blocks."""
 
-    patch = (kv_cache_manager, "allocate_slots", lambda orig: lambda *a, **kw: orig(*a, **{**kw, "num_encoder_tokens": 0}))
+    patch = (
+        kv_cache_manager,
+        "allocate_slots",
+        lambda orig: lambda *a, **kw: orig(*a, **{**kw, "num_encoder_tokens": 0}),
+    )
 
 
 class _V033FreeOrder(_Buggy):
@@ -211,8 +241,10 @@ class _V033FreeOrder(_Buggy):
     patch = (
         __import__("spec.block_pool", fromlist=["free_blocks"]),
         "free_blocks",
-        lambda orig: lambda pool, blocks: dataclasses.replace(
-            orig(dataclasses.replace(pool, profile=Profile.V0_33), blocks), profile=pool.profile
+        lambda orig: (
+            lambda pool, blocks: dataclasses.replace(
+                orig(dataclasses.replace(pool, profile=Profile.V0_33), blocks), profile=pool.profile
+            )
         ),
     )
 

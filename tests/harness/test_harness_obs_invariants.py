@@ -42,7 +42,9 @@ def test_each_breakage_is_named(running):
     cases = {
         "free_queue_well_formed": dataclasses.replace(obs, free_queue=obs.free_queue + obs.free_queue[:1]),
         "free_iff_unreferenced": dataclasses.replace(obs, free_queue=obs.free_queue + (shared,)),
-        "ref_count_equals_references": dataclasses.replace(obs, ref_cnt=tuple(1 if b == shared else c for b, c in enumerate(obs.ref_cnt))),
+        "ref_count_equals_references": dataclasses.replace(
+            obs, ref_cnt=tuple(1 if b == shared else c for b, c in enumerate(obs.ref_cnt))
+        ),
         "null_pattern": dataclasses.replace(obs, tables=({**obs.tables[0], "a": obs.tables[0]["a"] + (0,)},)),
         "null_block_is_inert": dataclasses.replace(obs, free_queue=(0,) + obs.free_queue),
         "hash_map_matches_blocks": dataclasses.replace(obs, cached={}),

@@ -17,8 +17,16 @@ def _finding_trace() -> Trace:
         (O.GetComputedBlocks("r1"), {"block_ids": [[]], "num_hit_tokens": 0}),
         (O.AllocateSlots("r1", 3, use_computed_blocks=True), {"block_ids": [[1, 2]]}),
     ]
-    finding = {"kind": "divergence", "step": 2, "message": "outcome differs", "op": O.op_to_json(steps[2][0]),
-               "expected": {"block_ids": [[1, 2]]}, "actual": {"block_ids": [[2, 1]]}, "requests": ["r1"], "blocks": [1, 2]}
+    finding = {
+        "kind": "divergence",
+        "step": 2,
+        "message": "outcome differs",
+        "op": O.op_to_json(steps[2][0]),
+        "expected": {"block_ids": [[1, 2]]},
+        "actual": {"block_ids": [[2, 1]]},
+        "requests": ["r1"],
+        "blocks": [1, 2],
+    }
     return Trace(config, steps, "spec", "", seed=5, profile="dev", family="full", finding=finding)
 
 
@@ -42,12 +50,21 @@ def test_second_report_gets_a_new_name(tmp_path):
 
 def test_generated_pytest_file_replays(tmp_path):
     path = write_report(tmp_path, _finding_trace())
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)], capture_output=True, text=True, cwd=".")
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=".",
+    )
     assert r.returncode == 0, r.stdout + r.stderr  # recorded outcomes are the spec's: it behaves as recorded
 
 
 def test_token_layout_numbers():
-    lines = draw_token_layout(O.AllocateSlots("r", 5, num_new_computed_tokens=4, num_external_computed_tokens=2, num_lookahead_tokens=1), 3, 12)
+    lines = draw_token_layout(
+        O.AllocateSlots("r", 5, num_new_computed_tokens=4, num_external_computed_tokens=2, num_lookahead_tokens=1),
+        3,
+        12,
+    )
     assert lines[1].split() == "| comp=3 | new_comp=4 | ext_comp=2 | new=5 | lookahead=1 |".split()
     assert "[3,7)" in lines[2] and "[14,15)" in lines[2]
 

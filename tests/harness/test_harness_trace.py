@@ -14,13 +14,27 @@ from spec.config import KVCacheConfig, full_attention, sliding_window
 def _trace() -> Trace:
     config = KVCacheConfig(9, (full_attention(4), sliding_window(4, 5)), 32, enable_kv_cache_events=True)
     steps = [
-        (O.AddRequest("r1", (1, 2, 3, 4, 5), lora=("sql", "/l"), mm_features=(O.MMFeatureSpec("img", 1, 2),), cache_salt="s"), None),
+        (
+            O.AddRequest(
+                "r1", (1, 2, 3, 4, 5), lora=("sql", "/l"), mm_features=(O.MMFeatureSpec("img", 1, 2),), cache_salt="s"
+            ),
+            None,
+        ),
         (O.GetComputedBlocks("r1"), {"block_ids": [[], []], "num_hit_tokens": 0}),
         (O.AllocateSlots("r1", 5, use_computed_blocks=True, num_lookahead_tokens=2), {"block_ids": [[1, 2], [3, 4]]}),
         (O.EvictBlocks((1, 3)), None),
         (O.ResetPrefixCache(), False),
     ]
-    return Trace(config, steps, "spec", "kvspec 0.1.0", seed=7, profile="ci", family="hybrid_equal", finding={"kind": "x", "step": 1, "message": "m"})
+    return Trace(
+        config,
+        steps,
+        "spec",
+        "kvspec 0.1.0",
+        seed=7,
+        profile="ci",
+        family="hybrid_equal",
+        finding={"kind": "x", "step": 1, "message": "m"},
+    )
 
 
 def test_round_trip_preserves_everything(tmp_path):

@@ -53,8 +53,9 @@ CANDIDATE_ROWS = [  # (candidate, config, kv_check)
 ]
 
 
-def first_detection(wrap: Callable[[Any], Any], make: Callable[[], Any], config: KVCacheConfig, seeds: int,
-                    actions: int, kv_check: bool) -> tuple[int | None, int, float, str]:
+def first_detection(
+    wrap: Callable[[Any], Any], make: Callable[[], Any], config: KVCacheConfig, seeds: int, actions: int, kv_check: bool
+) -> tuple[int | None, int, float, str]:
     """(first seed caught, operations run in all seeds until then, seconds, what was found)."""
     ops = 0
     t0 = time.perf_counter()
@@ -114,7 +115,9 @@ def cost(target: str, examples: int) -> None:
             cls = make_machine(family, factory, f"{target}-{mode}", "exact", stats, kv_check=True)
             t0 = time.perf_counter()
             try:
-                run_machine(cls, profile_settings("dev", max_examples=examples, database=None), seed=1, shrink_seconds=5)
+                run_machine(
+                    cls, profile_settings("dev", max_examples=examples, database=None), seed=1, shrink_seconds=5
+                )
             except Exception as e:  # noqa: BLE001
                 print(f"{family} ({mode}): stopped: {stats.finding.summary() if stats.finding else e}")
             totals[mode][0] += stats.steps
@@ -122,8 +125,10 @@ def cost(target: str, examples: int) -> None:
     os.environ.pop("KVSPEC_LEDGER")
     for mode, (steps, secs) in totals.items():
         print(f"ledger {mode:3}: {steps} steps in {secs:.1f} s = {steps / secs:.0f} steps/s")
-    print(f"ledger's own time: {1e6 * spent[0] / max(1, spent[1]):.1f} us/op over {spent[1]} ops "
-          f"({100 * spent[0] / totals['on'][1]:.1f}% of the ledger-on run)")
+    print(
+        f"ledger's own time: {1e6 * spent[0] / max(1, spent[1]):.1f} us/op over {spent[1]} ops "
+        f"({100 * spent[0] / totals['on'][1]:.1f}% of the ledger-on run)"
+    )
 
 
 def main() -> None:

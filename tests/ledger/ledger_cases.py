@@ -46,7 +46,6 @@ SWA_OPS = [
 ]
 
 
-
 def full_remote_load_ops(prompt: tuple[int, ...], hit: int) -> list[O.Op]:
     """A whole-prompt async load after a ``hit``-token prefix hit; on arrival the last token is
     recomputed (vLLM 0.33 ``_update_waiting_for_remote_kv``)."""
@@ -54,8 +53,14 @@ def full_remote_load_ops(prompt: tuple[int, ...], hit: int) -> list[O.Op]:
     return [
         O.AddRequest("r", prompt),
         O.GetComputedBlocks("r"),
-        O.AllocateSlots("r", 0, num_new_computed_tokens=hit, use_computed_blocks=True,
-                        num_external_computed_tokens=n - hit, delay_cache_blocks=True),
+        O.AllocateSlots(
+            "r",
+            0,
+            num_new_computed_tokens=hit,
+            use_computed_blocks=True,
+            num_external_computed_tokens=n - hit,
+            delay_cache_blocks=True,
+        ),
         O.SetStatus("r", "WAITING_FOR_REMOTE_KVS"),
         O.SetNumComputedTokens("r", n),
         O.CacheBlocks("r", n),

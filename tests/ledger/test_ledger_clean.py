@@ -42,7 +42,9 @@ ACTIONS = 250
 
 
 @pytest.mark.parametrize("inner", [SpecTarget, ImplTarget])
-@pytest.mark.parametrize("layout", sorted(set(LAYOUTS) - {"chunked_local-odd"}))  # candidate bug 1 whatever the steering
+@pytest.mark.parametrize(
+    "layout", sorted(set(LAYOUTS) - {"chunked_local-odd"})
+)  # candidate bug 1 whatever the steering
 def test_seeded_runs_are_clean(inner, layout):
     config = LAYOUTS[layout]
     for seed in SEEDS:

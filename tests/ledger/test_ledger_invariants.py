@@ -28,8 +28,14 @@ FULL4 = KVCacheConfig(10, (full_attention(4),), 16)
 
 
 def test_every_invariant_has_a_deliberate_bug_here():
-    tested = {"kv_write_in_real_block", "kv_write_keeps_shared", "kv_read_in_real_block", "kv_read_written",
-              "kv_read_own_kv", "kv_publish_written"}
+    tested = {
+        "kv_write_in_real_block",
+        "kv_write_keeps_shared",
+        "kv_read_in_real_block",
+        "kv_read_written",
+        "kv_read_own_kv",
+        "kv_publish_written",
+    }
     assert set(LEDGER_INVARIANTS) == tested
 
 
@@ -59,11 +65,16 @@ def test_full_remote_load_rewrites_the_same_identity():
 
 LORA_OPS = [
     O.AddRequest("a", (1, 2, 3, 4, 5), lora=("sql", "/l/sql")),
-    O.GetComputedBlocks("a"), O.AllocateSlots("a", 5, use_computed_blocks=True), O.SetStatus("a", "RUNNING"),
+    O.GetComputedBlocks("a"),
+    O.AllocateSlots("a", 5, use_computed_blocks=True),
+    O.SetStatus("a", "RUNNING"),
     O.SetNumComputedTokens("a", 5),
     O.AddRequest("b", (1, 2, 3, 4, 6), lora=("chat", "/l/chat")),
-    O.GetComputedBlocks("b"), O.AllocateSlots("b", 1, num_new_computed_tokens=4, use_computed_blocks=True),
-    O.SetStatus("b", "RUNNING"), O.SetNumComputedTokens("b", 4), O.SetNumComputedTokens("b", 5),
+    O.GetComputedBlocks("b"),
+    O.AllocateSlots("b", 1, num_new_computed_tokens=4, use_computed_blocks=True),
+    O.SetStatus("b", "RUNNING"),
+    O.SetNumComputedTokens("b", 4),
+    O.SetNumComputedTokens("b", 5),
 ]
 
 
@@ -84,7 +95,9 @@ def test_publish_written_async_load_published_at_allocation():
         O.AddRequest("a", tuple(range(1, 10))),
         O.GetComputedBlocks("a"),
         O.AllocateSlots("a", 0, use_computed_blocks=True, num_external_computed_tokens=8, delay_cache_blocks=True),
-        O.SetStatus("a", "WAITING_FOR_REMOTE_KVS"), O.SetNumComputedTokens("a", 8), O.CacheBlocks("a", 8),
+        O.SetStatus("a", "WAITING_FOR_REMOTE_KVS"),
+        O.SetNumComputedTokens("a", 8),
+        O.CacheBlocks("a", 8),
     ]
     i, f = replay_ops(make_mutant_target("hash_before_write"), FULL4, ops)
     assert f is not None and f.invariant == "kv_publish_written" and i == 2, f
@@ -95,16 +108,23 @@ def test_publish_written_async_load_published_at_allocation():
 REUSE = KVCacheConfig(5, (full_attention(2),), 10)  # 4 usable blocks: c can only get b's
 REUSE_OPS = [
     O.AddRequest("a", (1, 2, 3, 4, 5)),
-    O.GetComputedBlocks("a"), O.AllocateSlots("a", 5, use_computed_blocks=True), O.SetStatus("a", "RUNNING"),
+    O.GetComputedBlocks("a"),
+    O.AllocateSlots("a", 5, use_computed_blocks=True),
+    O.SetStatus("a", "RUNNING"),
     O.SetNumComputedTokens("a", 5),
     O.AddRequest("b", (1, 2, 3, 4, 9)),
-    O.GetComputedBlocks("b"), O.AllocateSlots("b", 1, num_new_computed_tokens=4, use_computed_blocks=True),
-    O.SetStatus("b", "RUNNING"), O.SetNumComputedTokens("b", 4), O.SetNumComputedTokens("b", 5),
+    O.GetComputedBlocks("b"),
+    O.AllocateSlots("b", 1, num_new_computed_tokens=4, use_computed_blocks=True),
+    O.SetStatus("b", "RUNNING"),
+    O.SetNumComputedTokens("b", 4),
+    O.SetNumComputedTokens("b", 5),
     O.Free("a"),
     O.AppendOutputTokens("b", (7,)),
     O.AddRequest("c", (8, 8, 8, 8, 8, 8)),
     O.AllocateSlots("b", 1),
-    O.GetComputedBlocks("c"), O.AllocateSlots("c", 6, use_computed_blocks=True), O.SetStatus("c", "RUNNING"),
+    O.GetComputedBlocks("c"),
+    O.AllocateSlots("c", 6, use_computed_blocks=True),
+    O.SetStatus("c", "RUNNING"),
 ]
 
 
@@ -131,12 +151,19 @@ def test_read_own_kv_when_the_reuser_ran_first():
 
 DRAFT_OPS = [
     O.AddRequest("a", (1, 2, 3, 4, 5, 6)),
-    O.GetComputedBlocks("a"), O.AllocateSlots("a", 6, use_computed_blocks=True), O.SetStatus("a", "RUNNING"),
+    O.GetComputedBlocks("a"),
+    O.AllocateSlots("a", 6, use_computed_blocks=True),
+    O.SetStatus("a", "RUNNING"),
     O.SetNumComputedTokens("a", 6),
-    O.AppendOutputTokens("a", (7,)), O.SetSpecTokens("a", (8,)),
-    O.AllocateSlots("a", 2), O.SetSpecTokens("a", ()), O.SetNumComputedTokens("a", 8),  # token 7 and draft 8
-    O.SetNumComputedTokens("a", 7), O.AppendOutputTokens("a", (9,)),  # draft rejected, 9 sampled
-    O.AllocateSlots("a", 1), O.SetNumComputedTokens("a", 8),  # position 7 recomputed with 9
+    O.AppendOutputTokens("a", (7,)),
+    O.SetSpecTokens("a", (8,)),
+    O.AllocateSlots("a", 2),
+    O.SetSpecTokens("a", ()),
+    O.SetNumComputedTokens("a", 8),  # token 7 and draft 8
+    O.SetNumComputedTokens("a", 7),
+    O.AppendOutputTokens("a", (9,)),  # draft rejected, 9 sampled
+    O.AllocateSlots("a", 1),
+    O.SetNumComputedTokens("a", 8),  # position 7 recomputed with 9
 ]
 
 
@@ -178,8 +205,13 @@ class ScriptedTarget:
 
 
 def scripted_ops(boundary: bool) -> list[O.Op]:
-    ops: list[O.Op] = [O.AddRequest("x", (1, 2)), O.AddRequest("y", (5, 6)), O.AllocateSlots("x", 2),
-                       O.AllocateSlots("y", 2), O.SetNumComputedTokens("x", 2)]
+    ops: list[O.Op] = [
+        O.AddRequest("x", (1, 2)),
+        O.AddRequest("y", (5, 6)),
+        O.AllocateSlots("x", 2),
+        O.AllocateSlots("y", 2),
+        O.SetNumComputedTokens("x", 2),
+    ]
     if boundary:
         ops.append(O.AppendOutputTokens("x", (3,)))  # the step ends
     return ops + [O.SetNumComputedTokens("y", 2)]
@@ -201,9 +233,13 @@ def test_a_write_in_a_later_step_is_not_a_read_of_this_step():
 ENC_DEC = KVCacheConfig(20, (full_attention(2), cross_attention(2)), 20, enable_caching=False)
 ENC_OPS = [
     O.AddRequest("e", (1, 2, 3), mm_features=(O.MMFeatureSpec("audio-4", 0, 4),)),
-    O.GetComputedBlocks("e"), O.AllocateSlots("e", 3, use_computed_blocks=True, num_encoder_tokens=4),
-    O.SetStatus("e", "RUNNING"), O.SetNumComputedTokens("e", 3),  # writes the encoder KV, reads it
-    O.AppendOutputTokens("e", (4,)), O.AllocateSlots("e", 1), O.SetNumComputedTokens("e", 4),
+    O.GetComputedBlocks("e"),
+    O.AllocateSlots("e", 3, use_computed_blocks=True, num_encoder_tokens=4),
+    O.SetStatus("e", "RUNNING"),
+    O.SetNumComputedTokens("e", 3),  # writes the encoder KV, reads it
+    O.AppendOutputTokens("e", (4,)),
+    O.AllocateSlots("e", 1),
+    O.SetNumComputedTokens("e", 4),
 ]
 
 

@@ -15,12 +15,21 @@ from spec.config import KVCacheConfig, full_attention
 
 ASYNC = KVCacheConfig(10, (full_attention(2),), 16, max_in_flight_tokens=4)
 ASYNC_OPS = [
-    O.AddRequest("r", (1, 2)), O.GetComputedBlocks("r"), O.AllocateSlots("r", 2, use_computed_blocks=True),
-    O.SetStatus("r", "RUNNING"), O.SetNumComputedTokens("r", 2), O.SetNumInFlightTokens("r", 2),
-    O.AllocateSlots("r", 1), O.SetNumComputedTokens("r", 3), O.SetNumInFlightTokens("r", 3),  # position 2: a placeholder
-    O.SetNumInFlightTokens("r", 1), O.AppendOutputTokens("r", (5,)),  # the first step's token: position 2 is 5
-    O.SetNumInFlightTokens("r", 0), O.AppendOutputTokens("r", (6,)),
-    O.AllocateSlots("r", 1), O.SetNumComputedTokens("r", 4),  # position 3 reads position 2
+    O.AddRequest("r", (1, 2)),
+    O.GetComputedBlocks("r"),
+    O.AllocateSlots("r", 2, use_computed_blocks=True),
+    O.SetStatus("r", "RUNNING"),
+    O.SetNumComputedTokens("r", 2),
+    O.SetNumInFlightTokens("r", 2),
+    O.AllocateSlots("r", 1),
+    O.SetNumComputedTokens("r", 3),
+    O.SetNumInFlightTokens("r", 3),  # position 2: a placeholder
+    O.SetNumInFlightTokens("r", 1),
+    O.AppendOutputTokens("r", (5,)),  # the first step's token: position 2 is 5
+    O.SetNumInFlightTokens("r", 0),
+    O.AppendOutputTokens("r", (6,)),
+    O.AllocateSlots("r", 1),
+    O.SetNumComputedTokens("r", 4),  # position 3 reads position 2
 ]
 
 

@@ -45,11 +45,13 @@ def test_lora_mm_and_embeds_change_the_identity_the_salt_does_not():
     t = IdentityTrie()
     plain = ids(t, "p", (1, 2, 3))
     assert ids(t, "s", (1, 2, 3), HashFeatures(cache_salt="tenant-a")) == plain
-    assert ids(t, "l", (1, 2, 3), HashFeatures(lora=("sql", "/l"))) [0] != plain[0]
+    assert ids(t, "l", (1, 2, 3), HashFeatures(lora=("sql", "/l")))[0] != plain[0]
     mm = ids(t, "m", (1, 2, 3), HashFeatures(mm_features=(MMFeature("img-a", 1, 1),)))
     assert mm[0] == plain[0] and mm[1] != plain[1] and mm[2] != plain[2]
     emb = ids(t, "e", (0, 0, 0), HashFeatures(prompt_embeds=(b"a", b"b", b"c")))
-    assert emb != ids(t, "z", (0, 0, 0)) and emb == ids(t, "e2", (0, 0, 0), HashFeatures(prompt_embeds=(b"a", b"b", b"c")))
+    assert emb != ids(t, "z", (0, 0, 0)) and emb == ids(
+        t, "e2", (0, 0, 0), HashFeatures(prompt_embeds=(b"a", b"b", b"c"))
+    )
 
 
 def test_drafts_and_pending_positions():
@@ -71,8 +73,14 @@ def test_encoder_identity_is_the_input_and_offset():
 
 @pytest.mark.parametrize(
     ("spec", "p", "first"),
-    [(full_attention(4), 9, 0), (sliding_window(4, 3), 9, 7), (sliding_window(4, 3), 1, 0),
-     (chunked_local(2, 5), 4, 0), (chunked_local(2, 5), 5, 5), (chunked_local(2, 5), 9, 5)],
+    [
+        (full_attention(4), 9, 0),
+        (sliding_window(4, 3), 9, 7),
+        (sliding_window(4, 3), 1, 0),
+        (chunked_local(2, 5), 4, 0),
+        (chunked_local(2, 5), 5, 5),
+        (chunked_local(2, 5), 9, 5),
+    ],
 )
 def test_attention_spans(spec, p, first):
     assert get_first_visible(spec, p) == first
@@ -109,17 +117,19 @@ def access(**kw):
 
 @pytest.mark.parametrize(
     ("kind", "acc", "name"),
-    [("write", access(block=0), "kv_write_in_real_block"),
-     ("write", access(block=None), "kv_write_in_real_block"),
-     ("write", access(block=9), "kv_write_in_real_block"),  # outside a pool of 8
-     ("write", access(shared=True, held=4), "kv_write_keeps_shared"),
-     ("write", access(shared=True, held=None), None),  # fulfilling a promise
-     ("write", access(shared=True, held=5), None),  # the same identity again
-     ("read", access(block=0, held=None), "kv_read_in_real_block"),
-     ("read", access(held=None), "kv_read_written"),
-     ("read", access(held=4), "kv_read_own_kv"),
-     ("publish", access(held=None), "kv_publish_written"),
-     ("read", access(), None)],
+    [
+        ("write", access(block=0), "kv_write_in_real_block"),
+        ("write", access(block=None), "kv_write_in_real_block"),
+        ("write", access(block=9), "kv_write_in_real_block"),  # outside a pool of 8
+        ("write", access(shared=True, held=4), "kv_write_keeps_shared"),
+        ("write", access(shared=True, held=None), None),  # fulfilling a promise
+        ("write", access(shared=True, held=5), None),  # the same identity again
+        ("read", access(block=0, held=None), "kv_read_in_real_block"),
+        ("read", access(held=None), "kv_read_written"),
+        ("read", access(held=4), "kv_read_own_kv"),
+        ("publish", access(held=None), "kv_publish_written"),
+        ("read", access(), None),
+    ],
 )
 def test_registry_predicates(kind, acc, name):
     v = check_ledger(LedgerContext(kind, [access(position=1), acc], 8))
@@ -130,7 +140,7 @@ def test_registry_predicates(kind, acc, name):
 
 def test_every_invariant_is_named_in_the_semantics():
     text = SEMANTICS.read_text(encoding="utf-8")
-    section = text[text.index('<a id="s11"></a>'):]
+    section = text[text.index('<a id="s11"></a>') :]
     for name, inv in LEDGER_INVARIANTS.items():
         assert f"`{name}`" in section, name
         assert re.fullmatch(r"§11\.\d", inv.rule) and inv.doc

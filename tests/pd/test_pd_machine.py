@@ -12,8 +12,15 @@ pytestmark = pytest.mark.statemachine
 
 def fuzz(design, n, names=None, mirror=None, seed=11):
     cls = make_pd_machine(design, names, mirror)
-    hyp = settings(max_examples=n, stateful_step_count=50, deadline=None, database=None,
-                   suppress_health_check=list(HealthCheck), phases=(Phase.generate,), print_blob=False)
+    hyp = settings(
+        max_examples=n,
+        stateful_step_count=50,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate,),
+        print_blob=False,
+    )
     try:
         run_pd_machine(cls, hyp, seed=seed, shrink_seconds=5)
     except BaseException:
@@ -33,7 +40,9 @@ def test_fuzzer_finds_the_proposal_as_written_unsafe():
     assert fuzz(AS_WRITTEN, 600, names=["write_lands_in_held_block"], seed=0) is not None
 
 
-@pytest.mark.parametrize("bug", ["producer-frees-at-finish", "done-before-completions", "no-cancel-on-abort", "no-fence"])
+@pytest.mark.parametrize(
+    "bug", ["producer-frees-at-finish", "done-before-completions", "no-cancel-on-abort", "no-fence"]
+)
 def test_fuzzer_finds_a_bug_from_scratch(bug):
     b = BUGS[bug]
     finding = fuzz(b.design, 300, names=[b.invariant], seed=0)

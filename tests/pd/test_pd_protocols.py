@@ -79,7 +79,12 @@ def test_push_skips_the_decode_instances_own_prefix_hit():
 @pytest.mark.parametrize("policy", ["baseline", "retry", "queue"])
 def test_decoder_out_of_blocks(policy):
     """Three requests that do not all fit on one D: every fallback policy still finishes them."""
-    s, sent = run(PROPOSAL, Options(num_decoders=2, on_reserve_fail=policy), requests=((R0, 2), (R0[::-1], 2), (R0[1:], 2)), d_blocks=5)
+    s, sent = run(
+        PROPOSAL,
+        Options(num_decoders=2, on_reserve_fail=policy),
+        requests=((R0, 2), (R0[::-1], 2), (R0[1:], 2)),
+        d_blocks=5,
+    )
     assert {r.phase for r in s.router.records.values()} == {"done"}
 
 
@@ -99,5 +104,8 @@ def test_time_out_revokes_and_falls_back_to_pull():
         s = cluster.deliver(s, next(k for k, e in enumerate(s.network) if type(e.msg).__name__ == kind))
     s = cluster.tick(s)  # the lease ends before P computed anything
     assert s.ds[0].jobs["r0"].phase == "revoking"
-    s = cluster.drain(s, lambda x: (check_pd_invariants(x) == [] or pytest.fail(str(check_pd_invariants(x)))) and cluster.begin_step(x))
+    s = cluster.drain(
+        s,
+        lambda x: (check_pd_invariants(x) == [] or pytest.fail(str(check_pd_invariants(x)))) and cluster.begin_step(x),
+    )
     assert s.router.records["r0"].phase == "done" and s.router.records["r0"].pull

@@ -33,7 +33,14 @@ def test_reserving_at_arrival_holds_decode_capacity_while_prefill_queues():
 
 
 def test_manager_costs_interpolate():
-    costs = X.ManagerCosts({"median_s": {"8": {"allocate_slots": 1e-5, "get_computed_blocks": 0.0}, "64": {"allocate_slots": 3e-5, "get_computed_blocks": 0.0}}})
+    costs = X.ManagerCosts(
+        {
+            "median_s": {
+                "8": {"allocate_slots": 1e-5, "get_computed_blocks": 0.0},
+                "64": {"allocate_slots": 3e-5, "get_computed_blocks": 0.0},
+            }
+        }
+    )
     assert costs.get("allocate_slots", 36) == pytest.approx(2e-5)
     assert costs.get("allocate_slots", 4) == 1e-5 and costs.get("allocate_slots", 500) == 3e-5
     assert X.ManagerCosts(None).admission(10) == 0.0
@@ -42,7 +49,22 @@ def test_manager_costs_interpolate():
 def test_simulate_command(tmp_path):
     from harness.cli import main
 
-    rc = main(["pd", "simulate", "--no-measure", "--no-figures", "--requests", "40", "--loads", "0.5", "--workloads", "chat", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "pd",
+            "simulate",
+            "--no-measure",
+            "--no-figures",
+            "--requests",
+            "40",
+            "--loads",
+            "0.5",
+            "--workloads",
+            "chat",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     points = json.loads((tmp_path / "pd-sim-results.json").read_text())["points"]
     assert sorted(p["protocol"] for p in points) == sorted(PROTOCOLS)
@@ -63,7 +85,25 @@ def test_check_command_exit_codes(tmp_path):
 
     assert main(["pd", "check", "--scenarios"]) == 0
     assert main(["pd", "check", "--design", "proposal", "--seconds", "2", "--batch", "10", "--out", str(tmp_path)]) == 0
-    assert main(["pd", "check", "--design", "bug:forget-free", "--seconds", "20", "--batch", "30", "--shrink-seconds", "5", "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "pd",
+                "check",
+                "--design",
+                "bug:forget-free",
+                "--seconds",
+                "20",
+                "--batch",
+                "30",
+                "--shrink-seconds",
+                "5",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert list(tmp_path.glob("*.md"))
     assert main(["pd", "check", "--design", "nope"]) == 2
     assert main(["pd", "check", "--invariant", "nope"]) == 2

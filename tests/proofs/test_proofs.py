@@ -88,91 +88,279 @@ def _enc_touch_stays_queued(s: Any, b: Any) -> Any:
 Mutant = tuple[str, str, Any, str, Callable[..., Any]]
 
 MUTANTS: list[Mutant] = [
-    ("allocate_slots.slot_targets", "need_slot clamped to max_model_len + 1",
-     arith, "compute_slot_targets", _slot_targets_clamp_off_by_one),
-    ("allocate_slots.table_length", "new blocks as n // bs + 1 instead of cdiv",
-     arith, "get_num_new_blocks_to_allocate",
-     lambda n, bs, held: arith.maximum(0, arith.floordiv(n, bs) + 1 - held)),
-    ("allocate_slots.predictor_matches_allocator", "predictor's required blocks as n // bs + 1",
-     arith, "get_num_required_blocks", lambda n, bs: arith.floordiv(n, bs) + 1),
-    ("allocate_slots.predictor_matches_allocator", "predictor ignores the skipped blocks (0.11 rule)",
-     arith, "get_num_new_blocks_admission",
-     lambda req, skipped, local, ev: arith.maximum(req - local, 0) + ev),
-    ("allocate_slots.cache_bounds", "cache cap at num_tokens + 1",
-     arith, "get_num_tokens_to_cache", lambda total, new, T: arith.minimum(total + new, T + 1)),
-    ("allocate_slots.cache_bounds", "cache one token past total + new",
-     arith, "get_num_tokens_to_cache", lambda total, new, T: arith.minimum(total + new + 1, T)),
-    ("get_computed_blocks.hit_cap", "hit cap num_tokens instead of num_tokens - 1",
-     arith, "get_max_cache_hit_length", lambda T: T),
-    ("sliding_window.remove_skipped", "skip n - W + 2 tokens (frees an attended block)",
-     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W + 2)),
-    ("sliding_window.remove_skipped", "skip n - W tokens (leaks a block)",
-     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W)),
-    ("sliding_window.remove_skipped", "skipped blocks by ceiling",
-     arith, "get_num_skipped_blocks", lambda s, bs: arith.cdiv(s, bs)),
-    ("sliding_window.hit_rule", "cdiv(W, bs) blocks (not the least)",
-     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.cdiv(W, bs)),
-    ("sliding_window.hit_rule", "(W - 1) // bs blocks (does not cover)",
-     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.floordiv(W - 1, bs)),
-    ("chunked_local.remove_skipped", "chunk of n + 1 (frees the current chunk at its last token)",
-     arith, "get_chunked_local_num_skipped_tokens", lambda n, C: arith.align_down(n + 1, C)),
-    ("chunked_local.remove_skipped", "chunk of n - 1 (keeps the old chunk at exact multiples)",
-     arith, "get_chunked_local_num_skipped_tokens", lambda n, C: arith.maximum(0, arith.align_down(n - 1, C))),
-    ("chunked_local.hit_start", "chunk of max_length + 1",
-     arith, "get_chunked_local_hit_start", lambda ml, C: arith.align_down(ml + 1, C)),
-    ("window_coverage.holds", "sliding-window skip n - W + 2 (nulls the block of the window's first token)",
-     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W + 2)),
-    ("window_coverage.holds", "chunked-local skip of n + 1's chunk",
-     arith, "get_chunked_local_num_skipped_tokens", lambda n, C: arith.align_down(n + 1, C)),
-    ("window_coverage.holds", "sliding-window hit ends with one block fewer than cdiv(W - 1, bs)",
-     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.maximum(0, arith.cdiv(W - 1, bs) - 1)),
-    ("window_coverage.full_remote_load", "condition off by one: (T - W) % B == 0",
-     cov, "full_load_condition", lambda kind, T, a, b: cov._and(T - a >= b, (T - a) % b == 0) if kind == "sliding_window"
-     else cov._and(T % a == 0, T >= a, T % b < a) if kind == "chunked_local" else False),
-    ("window_coverage.full_remote_load", "sliding-window skip n - W (keeps one token more: no violation left)",
-     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W)),
-    ("window_coverage.invalid_block_recovery", "condition off by one: (i - z) * B <= W - 1",
-     cov, "invalid_block_condition", lambda kind, T0, i, a, b: cov._and(T0 - a + 1 >= b,
-     (i - cov._fdiv(T0 - a + 1, b)) * b <= a - 1) if kind == "sliding_window" else False),
-    ("window_coverage.invalid_block_recovery", "sliding-window skip n - W + 2",
-     arith, "get_sliding_window_num_skipped_tokens", lambda n, W: arith.maximum(0, n - W + 2)),
-    ("window_coverage.chunk_not_block_multiple", "condition off by one: h + e <= ceil(h / C) * C",
-     cov, "chunk_condition", lambda h, e, r, C: cov._and(r == 0, h + e <= cov._fdiv(h + C - 1, C) * C)),
-    ("window_coverage.chunk_not_block_multiple", "chunked hit start of max_length + 1",
-     arith, "get_chunked_local_hit_start", lambda ml, C: arith.align_down(ml + 1, C)),
-    ("hit_search.per_group", "sliding window needs (W - 1) // bs blocks",
-     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.floordiv(W - 1, bs)),
-    ("hit_search.per_group", "full-attention hit not rounded to the alignment",
-     arith, "align_down", lambda n, a: n),
-    ("hit_search.hybrid_fixed_point", "a single pass instead of a fixed point",
-     coordinator, "find_longest_cache_hit_hybrid", _hybrid_single_pass),
-    ("hit_search.hybrid_end_to_end", "a single pass instead of a fixed point",
-     coordinator, "find_longest_cache_hit_hybrid", _hybrid_single_pass),
-    ("hit_search.hybrid_end_to_end", "sliding window needs one block fewer",
-     arith, "get_sliding_window_blocks_for_hit", lambda W, bs: arith.maximum(0, arith.cdiv(W - 1, bs) - 1)),
-    ("pool.invariants_inductive", "a freed block rejoins the queue at ref_cnt 1",
-     pool_claims, "enc_free", _enc_free_rejoin_at_one),
-    ("pool.invariants_inductive", "touch leaves a ref-0 block in the queue",
-     pool_claims, "enc_touch", _enc_touch_stays_queued),
-    ("pool.invariants_bounded", "free_blocks requeues at ref_cnt 1",
-     block_pool, "free_blocks", _free_blocks_rejoin_at_one),
-    ("pool.invariants_bounded", "get_new_blocks keeps the popped blocks' hashes",
-     block_pool, "get_new_blocks", _get_new_blocks_keeps_hash),
-    ("keys.hash_input_injective", "untagged LoRA name and salt (vLLM <= 0.20 form)",
-     hashing, "_gen_cache_salt_extra_keys",
-     lambda f, start: [f.cache_salt] if start == 0 and f.cache_salt else []),
-    ("keys.hash_input_injective", "multimodal key without its offset (vLLM 0.11 form)",
-     hashing, "_gen_mm_extra_keys",
-     lambda f, start, end: [("mm", m.identifier) for m in f.mm_features if m.offset < end and m.offset + m.length > start]),
-    ("keys.hash_input_injective", "LoRA key without the adapter path",
-     hashing, "_gen_lora_extra_keys", lambda f: [] if f.lora is None else [("lora", f.lora[0])]),
-    ("keys.block_key_injective", "group id left out of the key",
-     types, "make_block_key", lambda h, g: h),
-    ("keys.polynomial_key_collides", "an injective key (base 2**17, 272 bits) has no collision",
-     key_claims, "polynomial_rolling_key", lambda ts: key_claims_exact(ts)),
-    ("keys.truncated_token_key_collides", "keeping all 17 bits of each token has no collision",
-     key_claims, "truncated_token_key",
-     lambda ts: z3.Concat(*[z3.Extract(16, 0, t) for t in ts]) if not isinstance(ts[0], int) else tuple(ts)),
+    (
+        "allocate_slots.slot_targets",
+        "need_slot clamped to max_model_len + 1",
+        arith,
+        "compute_slot_targets",
+        _slot_targets_clamp_off_by_one,
+    ),
+    (
+        "allocate_slots.table_length",
+        "new blocks as n // bs + 1 instead of cdiv",
+        arith,
+        "get_num_new_blocks_to_allocate",
+        lambda n, bs, held: arith.maximum(0, arith.floordiv(n, bs) + 1 - held),
+    ),
+    (
+        "allocate_slots.predictor_matches_allocator",
+        "predictor's required blocks as n // bs + 1",
+        arith,
+        "get_num_required_blocks",
+        lambda n, bs: arith.floordiv(n, bs) + 1,
+    ),
+    (
+        "allocate_slots.predictor_matches_allocator",
+        "predictor ignores the skipped blocks (0.11 rule)",
+        arith,
+        "get_num_new_blocks_admission",
+        lambda req, skipped, local, ev: arith.maximum(req - local, 0) + ev,
+    ),
+    (
+        "allocate_slots.cache_bounds",
+        "cache cap at num_tokens + 1",
+        arith,
+        "get_num_tokens_to_cache",
+        lambda total, new, T: arith.minimum(total + new, T + 1),
+    ),
+    (
+        "allocate_slots.cache_bounds",
+        "cache one token past total + new",
+        arith,
+        "get_num_tokens_to_cache",
+        lambda total, new, T: arith.minimum(total + new + 1, T),
+    ),
+    (
+        "get_computed_blocks.hit_cap",
+        "hit cap num_tokens instead of num_tokens - 1",
+        arith,
+        "get_max_cache_hit_length",
+        lambda T: T,
+    ),
+    (
+        "sliding_window.remove_skipped",
+        "skip n - W + 2 tokens (frees an attended block)",
+        arith,
+        "get_sliding_window_num_skipped_tokens",
+        lambda n, W: arith.maximum(0, n - W + 2),
+    ),
+    (
+        "sliding_window.remove_skipped",
+        "skip n - W tokens (leaks a block)",
+        arith,
+        "get_sliding_window_num_skipped_tokens",
+        lambda n, W: arith.maximum(0, n - W),
+    ),
+    (
+        "sliding_window.remove_skipped",
+        "skipped blocks by ceiling",
+        arith,
+        "get_num_skipped_blocks",
+        lambda s, bs: arith.cdiv(s, bs),
+    ),
+    (
+        "sliding_window.hit_rule",
+        "cdiv(W, bs) blocks (not the least)",
+        arith,
+        "get_sliding_window_blocks_for_hit",
+        lambda W, bs: arith.cdiv(W, bs),
+    ),
+    (
+        "sliding_window.hit_rule",
+        "(W - 1) // bs blocks (does not cover)",
+        arith,
+        "get_sliding_window_blocks_for_hit",
+        lambda W, bs: arith.floordiv(W - 1, bs),
+    ),
+    (
+        "chunked_local.remove_skipped",
+        "chunk of n + 1 (frees the current chunk at its last token)",
+        arith,
+        "get_chunked_local_num_skipped_tokens",
+        lambda n, C: arith.align_down(n + 1, C),
+    ),
+    (
+        "chunked_local.remove_skipped",
+        "chunk of n - 1 (keeps the old chunk at exact multiples)",
+        arith,
+        "get_chunked_local_num_skipped_tokens",
+        lambda n, C: arith.maximum(0, arith.align_down(n - 1, C)),
+    ),
+    (
+        "chunked_local.hit_start",
+        "chunk of max_length + 1",
+        arith,
+        "get_chunked_local_hit_start",
+        lambda ml, C: arith.align_down(ml + 1, C),
+    ),
+    (
+        "window_coverage.holds",
+        "sliding-window skip n - W + 2 (nulls the block of the window's first token)",
+        arith,
+        "get_sliding_window_num_skipped_tokens",
+        lambda n, W: arith.maximum(0, n - W + 2),
+    ),
+    (
+        "window_coverage.holds",
+        "chunked-local skip of n + 1's chunk",
+        arith,
+        "get_chunked_local_num_skipped_tokens",
+        lambda n, C: arith.align_down(n + 1, C),
+    ),
+    (
+        "window_coverage.holds",
+        "sliding-window hit ends with one block fewer than cdiv(W - 1, bs)",
+        arith,
+        "get_sliding_window_blocks_for_hit",
+        lambda W, bs: arith.maximum(0, arith.cdiv(W - 1, bs) - 1),
+    ),
+    (
+        "window_coverage.full_remote_load",
+        "condition off by one: (T - W) % B == 0",
+        cov,
+        "full_load_condition",
+        lambda kind, T, a, b: (
+            cov._and(T - a >= b, (T - a) % b == 0)
+            if kind == "sliding_window"
+            else cov._and(T % a == 0, T >= a, T % b < a)
+            if kind == "chunked_local"
+            else False
+        ),
+    ),
+    (
+        "window_coverage.full_remote_load",
+        "sliding-window skip n - W (keeps one token more: no violation left)",
+        arith,
+        "get_sliding_window_num_skipped_tokens",
+        lambda n, W: arith.maximum(0, n - W),
+    ),
+    (
+        "window_coverage.invalid_block_recovery",
+        "condition off by one: (i - z) * B <= W - 1",
+        cov,
+        "invalid_block_condition",
+        lambda kind, T0, i, a, b: (
+            cov._and(T0 - a + 1 >= b, (i - cov._fdiv(T0 - a + 1, b)) * b <= a - 1)
+            if kind == "sliding_window"
+            else False
+        ),
+    ),
+    (
+        "window_coverage.invalid_block_recovery",
+        "sliding-window skip n - W + 2",
+        arith,
+        "get_sliding_window_num_skipped_tokens",
+        lambda n, W: arith.maximum(0, n - W + 2),
+    ),
+    (
+        "window_coverage.chunk_not_block_multiple",
+        "condition off by one: h + e <= ceil(h / C) * C",
+        cov,
+        "chunk_condition",
+        lambda h, e, r, C: cov._and(r == 0, h + e <= cov._fdiv(h + C - 1, C) * C),
+    ),
+    (
+        "window_coverage.chunk_not_block_multiple",
+        "chunked hit start of max_length + 1",
+        arith,
+        "get_chunked_local_hit_start",
+        lambda ml, C: arith.align_down(ml + 1, C),
+    ),
+    (
+        "hit_search.per_group",
+        "sliding window needs (W - 1) // bs blocks",
+        arith,
+        "get_sliding_window_blocks_for_hit",
+        lambda W, bs: arith.floordiv(W - 1, bs),
+    ),
+    ("hit_search.per_group", "full-attention hit not rounded to the alignment", arith, "align_down", lambda n, a: n),
+    (
+        "hit_search.hybrid_fixed_point",
+        "a single pass instead of a fixed point",
+        coordinator,
+        "find_longest_cache_hit_hybrid",
+        _hybrid_single_pass,
+    ),
+    (
+        "hit_search.hybrid_end_to_end",
+        "a single pass instead of a fixed point",
+        coordinator,
+        "find_longest_cache_hit_hybrid",
+        _hybrid_single_pass,
+    ),
+    (
+        "hit_search.hybrid_end_to_end",
+        "sliding window needs one block fewer",
+        arith,
+        "get_sliding_window_blocks_for_hit",
+        lambda W, bs: arith.maximum(0, arith.cdiv(W - 1, bs) - 1),
+    ),
+    (
+        "pool.invariants_inductive",
+        "a freed block rejoins the queue at ref_cnt 1",
+        pool_claims,
+        "enc_free",
+        _enc_free_rejoin_at_one,
+    ),
+    (
+        "pool.invariants_inductive",
+        "touch leaves a ref-0 block in the queue",
+        pool_claims,
+        "enc_touch",
+        _enc_touch_stays_queued,
+    ),
+    (
+        "pool.invariants_bounded",
+        "free_blocks requeues at ref_cnt 1",
+        block_pool,
+        "free_blocks",
+        _free_blocks_rejoin_at_one,
+    ),
+    (
+        "pool.invariants_bounded",
+        "get_new_blocks keeps the popped blocks' hashes",
+        block_pool,
+        "get_new_blocks",
+        _get_new_blocks_keeps_hash,
+    ),
+    (
+        "keys.hash_input_injective",
+        "untagged LoRA name and salt (vLLM <= 0.20 form)",
+        hashing,
+        "_gen_cache_salt_extra_keys",
+        lambda f, start: [f.cache_salt] if start == 0 and f.cache_salt else [],
+    ),
+    (
+        "keys.hash_input_injective",
+        "multimodal key without its offset (vLLM 0.11 form)",
+        hashing,
+        "_gen_mm_extra_keys",
+        lambda f, start, end: [
+            ("mm", m.identifier) for m in f.mm_features if m.offset < end and m.offset + m.length > start
+        ],
+    ),
+    (
+        "keys.hash_input_injective",
+        "LoRA key without the adapter path",
+        hashing,
+        "_gen_lora_extra_keys",
+        lambda f: [] if f.lora is None else [("lora", f.lora[0])],
+    ),
+    ("keys.block_key_injective", "group id left out of the key", types, "make_block_key", lambda h, g: h),
+    (
+        "keys.polynomial_key_collides",
+        "an injective key (base 2**17, 272 bits) has no collision",
+        key_claims,
+        "polynomial_rolling_key",
+        lambda ts: key_claims_exact(ts),
+    ),
+    (
+        "keys.truncated_token_key_collides",
+        "keeping all 17 bits of each token has no collision",
+        key_claims,
+        "truncated_token_key",
+        lambda ts: z3.Concat(*[z3.Extract(16, 0, t) for t in ts]) if not isinstance(ts[0], int) else tuple(ts),
+    ),
 ]
 
 
@@ -187,10 +375,17 @@ def _untagged_lora(f: Any) -> list[Any]:
     return [] if f.lora is None else [f.lora[0]]
 
 
-@pytest.mark.parametrize("claim, description, module, attr, replacement", MUTANTS,
-                         ids=[f"{m[0]}: {m[1]}" for m in MUTANTS])
-def test_mutant_is_caught(monkeypatch: pytest.MonkeyPatch, claim: str, description: str, module: Any, attr: str,
-                          replacement: Callable[..., Any]) -> None:
+@pytest.mark.parametrize(
+    "claim, description, module, attr, replacement", MUTANTS, ids=[f"{m[0]}: {m[1]}" for m in MUTANTS]
+)
+def test_mutant_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+    claim: str,
+    description: str,
+    module: Any,
+    attr: str,
+    replacement: Callable[..., Any],
+) -> None:
     monkeypatch.setattr(module, attr, replacement)
     if description.startswith("untagged LoRA"):
         monkeypatch.setattr(hashing, "_gen_lora_extra_keys", _untagged_lora)
@@ -211,8 +406,10 @@ def test_chunked_hit_needs_chunk_multiple_of_block_size() -> None:
 
 
 def test_weak_key_witnesses_replay_on_ints() -> None:
-    for name, fn in (("keys.polynomial_key_collides", key_claims.polynomial_rolling_key),
-                     ("keys.truncated_token_key_collides", key_claims.truncated_token_key)):
+    for name, fn in (
+        ("keys.polynomial_key_collides", key_claims.polynomial_rolling_key),
+        ("keys.truncated_token_key_collides", key_claims.truncated_token_key),
+    ):
         outcome = run_claim(CLAIMS[name], timeout_s=60).outcome
         a, b = outcome.model["tokens_a"], outcome.model["tokens_b"]
         assert a != b and fn(a) == fn(b)
@@ -229,7 +426,8 @@ def test_derived_conditions_match_the_spec_on_ints() -> None:
                     for i in cov.loaded_blocks(kind, T, a, b):
                         if kind == "sliding_window" or a % b == 0:
                             assert cov.invalid_block_violation(kind, T, i, a, b) == cov.invalid_block_condition(
-                                kind, T, i, a, b)
+                                kind, T, i, a, b
+                            )
                 hz = (T - 1) // a * a // b
                 assert cov.chunk_violation(T, a, b) == cov.chunk_condition(hz * b, 0, 0, a)
 

@@ -23,7 +23,10 @@ def test_proves_selected_claims_and_writes_json(tmp_path: Path, capsys: pytest.C
     assert "allocate_slots" not in table
     data = json.loads(out.read_text())
     assert [c["name"] for c in data["claims"]] == [
-        "sliding_window.remove_skipped", "sliding_window.hit_rule", "keys.block_key_injective"]
+        "sliding_window.remove_skipped",
+        "sliding_window.hit_rule",
+        "keys.block_key_injective",
+    ]
     assert all(c["status"] == "proven" for c in data["claims"])
 
 
@@ -36,8 +39,9 @@ def test_unknown_claim_name_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 def test_counterexample_exits_1_and_writes_a_replayable_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(arith, "get_num_new_blocks_to_allocate",
-                        lambda n, bs, held: arith.maximum(0, arith.floordiv(n, bs) + 1 - held))
+    monkeypatch.setattr(
+        arith, "get_num_new_blocks_to_allocate", lambda n, bs, held: arith.maximum(0, arith.floordiv(n, bs) + 1 - held)
+    )
     assert prove_main(["allocate_slots.table_length", "--out", str(tmp_path)]) == 1
     assert "counterexample" in capsys.readouterr().out
     folder = tmp_path / "allocate_slots.table_length"

@@ -60,7 +60,8 @@ def test_sliding_window_docstring_example_nulls_before_the_window():
     ],
 )
 def test_chunked_local_hit_vectors(pattern, tail, expect_blocks):
-    """bs 2, C 4: blocks before the current chunk count as hit nulls (vLLM test_chunked_local_attention_possible_cached_prefix)."""
+    """bs 2, C 4: blocks before the current chunk count as hit nulls
+    (vLLM test_chunked_local_attention_possible_cached_prefix)."""
     max_length = len(pattern) * 2 + tail
     blocks, hit = managers.find_longest_cache_hit_chunked_local(pattern_lookup(pattern), 1, max_length, 2, 2, 4)
     assert hit == expect_blocks * 2 and len(blocks[0]) == expect_blocks

@@ -70,24 +70,37 @@ def null_reading_lengths() -> dict[int, list[tuple[int, int]]] | None:
     return bad
 
 
-@pytest.mark.xfail(KNOWN_AFFECTED, strict=True, raises=ChunkReadsNull,
-                   reason="vLLM <= 0.33.0 accepts a chunk size that is not a block multiple")
+@pytest.mark.xfail(
+    KNOWN_AFFECTED,
+    strict=True,
+    raises=ChunkReadsNull,
+    reason="vLLM <= 0.33.0 accepts a chunk size that is not a block multiple",
+)
 def test_chunk_not_block_multiple_is_rejected_or_reads_no_null() -> None:
     bad = null_reading_lengths()
     if not bad:
         return  # rejected at startup, or fixed in the manager
     assert sorted(bad) == [T for T in LENGTHS if condition(T)], "the bug moved: update the condition"
     T = min(bad)
-    raise ChunkReadsNull(f"C={C}, B={BLOCK}, T={T}: the first step starts at {(T - 1) // C * C // BLOCK * BLOCK} and "
-                         f"reads {bad[T][:3]}... through the null block; affected lengths: {len(bad)} of {len(LENGTHS)}")
+    raise ChunkReadsNull(
+        f"C={C}, B={BLOCK}, T={T}: the first step starts at {(T - 1) // C * C // BLOCK * BLOCK} and "
+        f"reads {bad[T][:3]}... through the null block; affected lengths: {len(bad)} of {len(LENGTHS)}"
+    )
 
 
 def _metadata(query_len: int, seq_len: int) -> CommonAttentionMetadata:
     loc = torch.tensor([0, query_len], dtype=torch.int32)
     return CommonAttentionMetadata(
-        query_start_loc=loc, query_start_loc_cpu=loc, seq_lens=torch.tensor([seq_len], dtype=torch.int32),
-        num_reqs=1, num_actual_tokens=query_len, max_query_len=query_len, max_seq_len=seq_len,
-        block_table_tensor=torch.arange(8, dtype=torch.int32)[None], slot_mapping=torch.arange(query_len))
+        query_start_loc=loc,
+        query_start_loc_cpu=loc,
+        seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+        num_reqs=1,
+        num_actual_tokens=query_len,
+        max_query_len=query_len,
+        max_seq_len=seq_len,
+        block_table_tensor=torch.arange(8, dtype=torch.int32)[None],
+        slot_mapping=torch.arange(query_len),
+    )
 
 
 def test_what_keeps_it_from_running(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,8 +109,11 @@ def test_what_keeps_it_from_running(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.model_config.attention_chunk_size == C and config.cache_config.block_size == BLOCK
     assert null_reading_lengths()  # the manager and the Scheduler run it
     # the host-to-device copy needs pinned memory (CUDA); a CPU stand-in lets the builder run here
-    monkeypatch.setattr(backend_utils, "async_tensor_h2d",
-                        lambda data, device=None, dtype=None, out=None: torch.as_tensor(data, dtype=dtype))
+    monkeypatch.setattr(
+        backend_utils,
+        "async_tensor_h2d",
+        lambda data, device=None, dtype=None, out=None: torch.as_tensor(data, dtype=dtype),
+    )
     backend_utils.make_local_attention_virtual_batches(32, _metadata(9, 41), BLOCK)  # a block multiple: fine
     with pytest.raises(AssertionError, match="attn_chunk_size 40 is not divisible by block_size 16"):
         backend_utils.make_local_attention_virtual_batches(C, _metadata(9, 41), BLOCK)
@@ -110,8 +126,10 @@ def _init_rejecting_non_multiples(self: ChunkedLocalAttentionManager, kv_cache_s
     """Proposed fix: refuse the configuration when the manager is built (startup), where the block size
     is final, instead of asserting in the attention metadata builder at the first batch."""
     if kv_cache_spec.attention_chunk_size % kv_cache_spec.block_size:
-        raise ValueError(f"attention_chunk_size {kv_cache_spec.attention_chunk_size} must be a multiple of the "
-                         f"block size {kv_cache_spec.block_size}")
+        raise ValueError(
+            f"attention_chunk_size {kv_cache_spec.attention_chunk_size} must be a multiple of the "
+            f"block size {kv_cache_spec.block_size}"
+        )
     _original_init(self, kv_cache_spec, **kwargs)
 
 

@@ -78,19 +78,26 @@ CASES = [  # kind, W or C, prompt lengths, hybrid (full + window groups, gpt-oss
 ]
 
 
-@pytest.mark.xfail(KNOWN_AFFECTED, strict=True, raises=NullBlockRead,
-                   reason="vLLM <= 0.33.0 nulls the window of the recomputed last prompt token")
+@pytest.mark.xfail(
+    KNOWN_AFFECTED,
+    strict=True,
+    raises=NullBlockRead,
+    reason="vLLM <= 0.33.0 nulls the window of the recomputed last prompt token",
+)
 @pytest.mark.parametrize("kind, span, lengths, hybrid", CASES, ids=lambda c: str(c))
-def test_full_remote_load_recompute_reads_no_null_block(kind: str, span: int, lengths: Iterable[int],
-                                                         hybrid: bool) -> None:
+def test_full_remote_load_recompute_reads_no_null_block(
+    kind: str, span: int, lengths: Iterable[int], hybrid: bool
+) -> None:
     lengths = list(lengths)
     bad = bad_lengths(kind, span, lengths, hybrid)
     if not bad:
         return  # fixed
     assert sorted(bad) == [P for P in lengths if condition(kind, P, span)], "the bug moved: update the condition"
     P = min(bad)
-    raise NullBlockRead(f"P={P}: recomputing token {P - 1} reads (group, position) {bad[P][:3]}... "
-                        f"through the null block; affected lengths {sorted(bad)}")
+    raise NullBlockRead(
+        f"P={P}: recomputing token {P - 1} reads (group, position) {bad[P][:3]}... "
+        f"through the null block; affected lengths {sorted(bad)}"
+    )
 
 
 def _retain_one_more_sliding(self: SlidingWindowManager, num_computed_tokens: int) -> int:
@@ -106,8 +113,9 @@ def _retain_one_more_chunked(self: ChunkedLocalAttentionManager, num_computed_to
 
 
 @pytest.mark.parametrize("kind, span, lengths, hybrid", CASES, ids=lambda c: str(c))
-def test_fix_retaining_one_more_token_removes_it(monkeypatch: pytest.MonkeyPatch, kind: str, span: int,
-                                                 lengths: Iterable[int], hybrid: bool) -> None:
+def test_fix_retaining_one_more_token_removes_it(
+    monkeypatch: pytest.MonkeyPatch, kind: str, span: int, lengths: Iterable[int], hybrid: bool
+) -> None:
     monkeypatch.setattr(SlidingWindowManager, "get_num_skipped_tokens", _retain_one_more_sliding)
     monkeypatch.setattr(ChunkedLocalAttentionManager, "get_num_skipped_tokens", _retain_one_more_chunked)
     assert bad_lengths(kind, span, lengths, hybrid) == {}

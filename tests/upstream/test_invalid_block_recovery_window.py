@@ -71,23 +71,33 @@ def loaded_blocks() -> range:
     return range((T - W + 1) // BLOCK, -(-T // BLOCK))
 
 
-@pytest.mark.xfail(KNOWN_AFFECTED, strict=True, raises=NullBlockRead,
-                   reason="vLLM <= 0.33.0 recomputes from a position whose window blocks are null")
+@pytest.mark.xfail(
+    KNOWN_AFFECTED,
+    strict=True,
+    raises=NullBlockRead,
+    reason="vLLM <= 0.33.0 recomputes from a position whose window blocks are null",
+)
 def test_invalid_block_recovery_reads_no_null_block() -> None:
     bad = {i: reads for i in loaded_blocks() if (reads := recompute_reads(i)[1])}
     if not bad:
         return  # fixed
     assert sorted(bad) == [i for i in loaded_blocks() if condition(i)], "the bug moved: update the condition"
-    raise NullBlockRead(f"T={T}, W={W}: after invalid block {min(bad)} the recompute reads "
-                        f"{bad[min(bad)][:3]}... through the null block; affected blocks {sorted(bad)}")
+    raise NullBlockRead(
+        f"T={T}, W={W}: after invalid block {min(bad)} the recompute reads "
+        f"{bad[min(bad)][:3]}... through the null block; affected blocks {sorted(bad)}"
+    )
 
 
 _original = Scheduler._update_requests_with_invalid_blocks
 
 
-def _recompute_from_scratch_if_window_lost(self: Scheduler, requests: Any, invalid_block_ids: set[int],
-                                           num_scheduled_tokens: dict[str, int],
-                                           evict_blocks: bool = True) -> tuple[set[str], int, set[int]]:
+def _recompute_from_scratch_if_window_lost(
+    self: Scheduler,
+    requests: Any,
+    invalid_block_ids: set[int],
+    num_scheduled_tokens: dict[str, int],
+    evict_blocks: bool = True,
+) -> tuple[set[str], int, set[int]]:
     """Proposed fix: when the window of the first token to recompute was already dropped, recompute
     from scratch (``num_computed_tokens = 0``; vLLM then frees an async load's blocks and looks the
     request up again).  A sync (running) request would also have to be preempted."""
@@ -112,4 +122,5 @@ def test_fix_recompute_from_scratch_removes_it(monkeypatch: pytest.MonkeyPatch) 
     outcomes = {i: recompute_reads(i) for i in loaded_blocks()}
     assert all(reads == [] for _, reads in outcomes.values())
     assert {i for i, (what, _) in outcomes.items() if what == "reloading"} == {
-        i for i in loaded_blocks() if condition(i)}
+        i for i in loaded_blocks() if condition(i)
+    }

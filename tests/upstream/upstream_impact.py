@@ -40,8 +40,10 @@ class Impact:
     argmax_changed: bool  # greedy sampling picks another token
 
     def row(self) -> str:
-        return (f"| {self.case} | {self.attn_max_abs:.3g} | {self.attn_rel:.3g} | {self.logits_rel:.3g} | "
-                f"{self.logits_max_abs:.3g} | {'yes' if self.argmax_changed else 'no'} |")
+        return (
+            f"| {self.case} | {self.attn_max_abs:.3g} | {self.attn_rel:.3g} | {self.logits_rel:.3g} | "
+            f"{self.logits_max_abs:.3g} | {'yes' if self.argmax_changed else 'no'} |"
+        )
 
 
 @contextmanager
@@ -55,6 +57,7 @@ def recording() -> Iterator[dict[str, list[torch.Tensor]]]:
             out = fn(*args, **kwargs)
             seen[kind].append(out.detach().to(torch.float64))
             return out
+
         return wrapped
 
     for kind, fn in originals.items():  # impl.model calls them through its module globals
@@ -67,8 +70,9 @@ def recording() -> Iterator[dict[str, list[torch.Tensor]]]:
 
 
 def make_model(layers: Sequence[LayerSpec], seed: int = 0) -> TinyTransformer:
-    cfg = ModelConfig(vocab_size=256, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, layers=tuple(layers),
-                      seed=seed)
+    cfg = ModelConfig(
+        vocab_size=256, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, layers=tuple(layers), seed=seed
+    )
     return TinyTransformer(cfg, device="cpu")
 
 
@@ -76,8 +80,16 @@ def logits(m: TinyTransformer, hidden: torch.Tensor) -> torch.Tensor:
     return rms_norm(hidden.to(torch.float64)) @ m.embed.to(torch.float64).T  # [V]
 
 
-def measure(case: str, m: TinyTransformer, tokens: Sequence[int], start: int, tables: Sequence[Sequence[int]],
-            block: int, null_fill: str = "zeros", seed: int = 1) -> Impact:
+def measure(
+    case: str,
+    m: TinyTransformer,
+    tokens: Sequence[int],
+    start: int,
+    tables: Sequence[Sequence[int]],
+    block: int,
+    null_fill: str = "zeros",
+    seed: int = 1,
+) -> Impact:
     """The prefill side computes ``tokens[:start]`` into real blocks (ids ``1..``, one table per group);
     the decode side then runs ``tokens[start:]`` through ``tables`` (nulls where vLLM put them)."""
     n_blocks = -(-len(tokens) // block)
@@ -100,8 +112,14 @@ def measure(case: str, m: TinyTransformer, tokens: Sequence[int], start: int, ta
         worst_abs = max(worst_abs, float(err.abs().max()))
         worst_rel = max(worst_rel, float((err.norm(dim=1) / want.flatten(1).norm(dim=1)).max()))
     ref, got_l = logits(m, ref_hidden[-1]), logits(m, out[-1])
-    return Impact(case, worst_abs, worst_rel, float((got_l - ref).norm() / ref.norm()),
-                  float((got_l - ref).abs().max()), bool(ref.argmax() != got_l.argmax()))
+    return Impact(
+        case,
+        worst_abs,
+        worst_rel,
+        float((got_l - ref).norm() / ref.norm()),
+        float((got_l - ref).abs().max()),
+        bool(ref.argmax() != got_l.argmax()),
+    )
 
 
 def nulled(table_len: int, nulls: int, group: int, block_count: int) -> list[int]:
@@ -122,8 +140,9 @@ def full_load_sliding(W: int = 128, B: int = 16, P: int = 143, fixed: bool = Fal
     skip = (P - 1 if fixed else P) - W + 1
     tables = [nulled(n, 0, 0, n), nulled(n, max(0, skip) // B, 1, n)]
     what = "fixed" if fixed else f"null block = {null_fill}"
-    return measure(f"full load, sliding window W={W} B={B} P={P}, {what}", m, tokens_for(P), P - 1, tables, B,
-                   null_fill)
+    return measure(
+        f"full load, sliding window W={W} B={B} P={P}, {what}", m, tokens_for(P), P - 1, tables, B, null_fill
+    )
 
 
 def full_load_chunked(C: int = 64, B: int = 16, P: int = 128, fixed: bool = False, null_fill: str = "zeros") -> Impact:
@@ -133,8 +152,7 @@ def full_load_chunked(C: int = 64, B: int = 16, P: int = 128, fixed: bool = Fals
     skip = (P - 1 if fixed else P) // C * C
     tables = [nulled(n, 0, 0, n), nulled(n, skip // B, 1, n)]
     what = "fixed" if fixed else f"null block = {null_fill}"
-    return measure(f"full load, chunked local C={C} B={B} P={P}, {what}", m, tokens_for(P), P - 1, tables, B,
-                   null_fill)
+    return measure(f"full load, chunked local C={C} B={B} P={P}, {what}", m, tokens_for(P), P - 1, tables, B, null_fill)
 
 
 def invalid_block(W: int = 128, B: int = 16, T: int = 200, i: int = 5, fixed: bool = False) -> Impact:
@@ -144,11 +162,13 @@ def invalid_block(W: int = 128, B: int = 16, T: int = 200, i: int = 5, fixed: bo
     m = make_model([LayerSpec("sliding_window", W, 0)] * 4)
     n = -(-T // B)
     if fixed:
-        return measure(f"invalid block {i}, sliding window W={W} B={B} T={T}, fixed", m, tokens_for(T), 0,
-                       [nulled(n, 0, 0, n)], B)
+        return measure(
+            f"invalid block {i}, sliding window W={W} B={B} T={T}, fixed", m, tokens_for(T), 0, [nulled(n, 0, 0, n)], B
+        )
     tables = [nulled(n, max(0, T - W + 1) // B, 0, n)]
-    return measure(f"invalid block {i}, sliding window W={W} B={B} T={T}, null block = zeros", m, tokens_for(T),
-                   i * B, tables, B)
+    return measure(
+        f"invalid block {i}, sliding window W={W} B={B} T={T}, null block = zeros", m, tokens_for(T), i * B, tables, B
+    )
 
 
 def chunk_not_multiple(C: int = 40, B: int = 16, T: int = 41) -> Impact:
@@ -157,19 +177,32 @@ def chunk_not_multiple(C: int = 40, B: int = 16, T: int = 41) -> Impact:
     n = -(-T // B)
     h = (T - 1) // C * C // B * B
     tables = [nulled(n, h // B, 0, n), nulled(n, 0, 1, n)]
-    return measure(f"chunk not a block multiple C={C} B={B} T={T} (if the kernel assert were off)", m,
-                   tokens_for(T), h, tables, B)
+    return measure(
+        f"chunk not a block multiple C={C} B={B} T={T} (if the kernel assert were off)", m, tokens_for(T), h, tables, B
+    )
 
 
 def all_cases() -> list[Impact]:
-    return [full_load_sliding(), full_load_sliding(null_fill="stale"), full_load_sliding(fixed=True),
-            full_load_sliding(W=128, P=159), full_load_chunked(), full_load_chunked(null_fill="stale"),
-            full_load_chunked(fixed=True), invalid_block(), invalid_block(fixed=True), chunk_not_multiple()]
+    return [
+        full_load_sliding(),
+        full_load_sliding(null_fill="stale"),
+        full_load_sliding(fixed=True),
+        full_load_sliding(W=128, P=159),
+        full_load_chunked(),
+        full_load_chunked(null_fill="stale"),
+        full_load_chunked(fixed=True),
+        invalid_block(),
+        invalid_block(fixed=True),
+        chunk_not_multiple(),
+    ]
 
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print("| case | attention max abs err | attention rel err | logits rel err | logits max abs err | greedy token changes |")
+    print(
+        "| case | attention max abs err | attention rel err | logits rel err | logits max abs err "
+        "| greedy token changes |"
+    )
     print("|---|---|---|---|---|---|")
     for impact in all_cases():
         assert not math.isnan(impact.logits_rel), impact

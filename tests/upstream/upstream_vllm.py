@@ -90,23 +90,46 @@ class WholePromptConnector(KVConnectorBase_V1, SupportsHMA):
 def vllm_config(attention_chunk_size: int | None = None) -> VllmConfig:
     """One tiny-Llama config per chunk size (``config.json`` written to a temporary folder)."""
     model_dir = Path(tempfile.mkdtemp(prefix="upstream-tiny-llama-"))
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "vocab_size": 1000, "max_position_embeddings": MAX_MODEL_LEN}
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": MAX_MODEL_LEN,
+    }
     if attention_chunk_size is not None:
         hf["attention_chunk_size"] = attention_chunk_size
     (model_dir / "config.json").write_text(json.dumps(hf))
-    model = ModelConfig(model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True,
-                        max_model_len=MAX_MODEL_LEN)
+    model = ModelConfig(
+        model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN
+    )
     cache = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     cache.num_gpu_blocks = NUM_BLOCKS
-    sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
-                            enable_chunked_prefill=True, is_encoder_decoder=False)
-    transfer = KVTransferConfig(kv_connector="WholePromptConnector", kv_role="kv_consumer",
-                                kv_connector_module_path=__name__, kv_load_failure_policy="recompute")
+    sched = SchedulerConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=MAX_MODEL_LEN,
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
+    transfer = KVTransferConfig(
+        kv_connector="WholePromptConnector",
+        kv_role="kv_consumer",
+        kv_connector_module_path=__name__,
+        kv_load_failure_policy="recompute",
+    )
     init_none_hash(sha256)
-    return VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
-                      device_config=DeviceConfig(device="cpu"), kv_transfer_config=transfer)
+    return VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=sched,
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=transfer,
+    )
 
 
 def full() -> FullAttentionSpec:
@@ -114,13 +137,13 @@ def full() -> FullAttentionSpec:
 
 
 def sliding_window(window: int) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32,
-                             sliding_window=window)
+    return SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=window)
 
 
 def chunked_local(chunk: int) -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32,
-                                     attention_chunk_size=chunk)
+    return ChunkedLocalAttentionSpec(
+        block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32, attention_chunk_size=chunk
+    )
 
 
 def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None) -> Scheduler:
@@ -128,14 +151,23 @@ def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None) -> Schedule
     vc = config or vllm_config()
     groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
     kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
-    return Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
-                     structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
+    return Scheduler(
+        vllm_config=vc,
+        kv_cache_config=kv,
+        log_stats=False,
+        structured_output_manager=StructuredOutputManager(vc),
+        block_size=BLOCK,
+    )
 
 
 def request(rid: str, num_tokens: int, load: int | None = None, sync: bool = False) -> Request:
-    req = Request(request_id=rid, prompt_token_ids=list(range(1, num_tokens + 1)),
-                  sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
-                  block_hasher=get_request_block_hasher(BLOCK, sha256))
+    req = Request(
+        request_id=rid,
+        prompt_token_ids=list(range(1, num_tokens + 1)),
+        sampling_params=SamplingParams(max_tokens=4),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
     if load is not None:
         req.kv_transfer_params = {"load": load, "sync": sync}
     return req
@@ -144,8 +176,9 @@ def request(rid: str, num_tokens: int, load: int | None = None, sync: bool = Fal
 def finish_loads(sched: Scheduler, out: SchedulerOutput, *rids: str, invalid: set[int] | None = None) -> None:
     """The worker's report for ``out``: the loads of ``rids`` are done (some blocks invalid)."""
     kv = KVConnectorOutput(finished_recving=set(rids), invalid_block_ids=invalid or set())
-    sched.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[],
-                                                    kv_connector_output=kv))
+    sched.update_from_output(
+        out, ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[], kv_connector_output=kv)
+    )
 
 
 def computed_step(sched: Scheduler, out: SchedulerOutput, rid: str) -> tuple[int, int, tuple[list[int], ...]]:

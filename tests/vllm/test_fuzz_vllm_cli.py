@@ -16,7 +16,21 @@ pytestmark = pytest.mark.vllm
 
 def run_fuzz(tmp_path: Path, *extra: str) -> None:
     out = tmp_path / "reports"
-    cmd = [sys.executable, "-m", "harness", "fuzz", "--target", "vllm", "--family", "all", "--seed", "7", "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "fuzz",
+        "--target",
+        "vllm",
+        "--family",
+        "all",
+        "--seed",
+        "7",
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         reports = sorted(out.glob("*/report.md"))

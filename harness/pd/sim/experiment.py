@@ -70,20 +70,34 @@ def summarise(w: Workload, protocol: str, load: float, rate: float, sim: Simulat
             waiting += r.blocks_remote * (c - a)
     cap = sim.capacity * len(sim.decoders) * span
     return Point(
-        w.name, protocol, load, rate,
-        percentile(ttft, 0.5), percentile(ttft, 0.99), tokens / span, held / cap, waiting / cap,
-        sum(r.preemptions for r in reqs), sum(1 for r in reqs if r.done is not None),
+        w.name,
+        protocol,
+        load,
+        rate,
+        percentile(ttft, 0.5),
+        percentile(ttft, 0.99),
+        tokens / span,
+        held / cap,
+        waiting / cap,
+        sum(r.preemptions for r in reqs),
+        sum(1 for r in reqs if r.done is not None),
     )
 
 
-def run_point(w: Workload, protocol: Protocol, load: float, num_requests: int, seed: int, costs: X.ManagerCosts) -> Point:
+def run_point(
+    w: Workload, protocol: Protocol, load: float, num_requests: int, seed: int, costs: X.ManagerCosts
+) -> Point:
     rate = load * get_prefill_capacity(w)
     sim = Simulation(w, protocol, rate, num_requests, seed, costs)
     return summarise(w, protocol, load, rate, sim, sim.run())
 
 
 def sweep(
-    workloads: list[str], loads: tuple[float, ...], num_requests: int, seed: int, costs: X.ManagerCosts,
+    workloads: list[str],
+    loads: tuple[float, ...],
+    num_requests: int,
+    seed: int,
+    costs: X.ManagerCosts,
     progress: Callable[[str], None] | None = None,
 ) -> list[Point]:
     out = []
@@ -95,7 +109,11 @@ def sweep(
                 out.append(run_point(w, protocol, load, num_requests, seed, costs))
                 if progress is not None:
                     p = out[-1]
-                    progress(f"[{len(out)}/{total}] {name} load {load:.2f} {protocol}: TTFT p50 {p.ttft_p50_ms:.0f} ms, p99 {p.ttft_p99_ms:.0f} ms, {p.throughput_tok_s:.0f} tok/s, held {p.held_idle_frac:.1%}, {p.preemptions} preemptions")
+                    progress(
+                        f"[{len(out)}/{total}] {name} load {load:.2f} {protocol}: TTFT p50 {p.ttft_p50_ms:.0f} ms, p99 "
+                        f"{p.ttft_p99_ms:.0f} ms, {p.throughput_tok_s:.0f} tok/s, "
+                        f"held {p.held_idle_frac:.1%}, {p.preemptions} preemptions"
+                    )
     return out
 
 
@@ -113,7 +131,11 @@ def median_gain(points: list[Point], workload: str, protocol: str, metric: str, 
 
 def render_results_table(points: list[Point], loads: tuple[float, ...] = (0.2, 0.6, 0.9, 1.0, 1.1)) -> str:
     """The results as a Markdown table (docs/pd-preallocation.md embeds it)."""
-    rows = ["| workload | load | baseline | push | push-layerwise | push-jit | held: push / jit | preemptions: base / push / jit |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| workload | load | baseline | push | push-layerwise | "
+        "push-jit | held: push / jit | preemptions: base / push / jit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     by = {(p.workload, p.load, p.protocol): p for p in points}
     for w in dict.fromkeys(p.workload for p in points):
         for load in loads:

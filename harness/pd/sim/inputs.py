@@ -49,19 +49,69 @@ TRANSFER_LATENCY_S = 50e-6
 ROUTER_HOP_S = 0.5e-3
 
 ASSUMPTIONS = (
-    Assumption("model", "Llama-3.1-8B, bf16: 8.03e9 parameters, 32 layers, 8 KV heads x 128", "meta-llama/Llama-3.1-8B config.json and model card"),
-    Assumption("KV per token", f"{KV_BYTES_PER_TOKEN // 1024} KiB (2 x 32 x 8 x 128 x 2 bytes)", "derived from the model config"),
-    Assumption("GPU", "one NVIDIA H200 SXM per instance: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB", "NVIDIA H200 Tensor Core GPU datasheet"),
-    Assumption("prefill time", f"{PREFILL_OVERHEAD_S * 1e3:.0f} ms + (2 N L + 2 x 32 x 4096 L^2) FLOPs at {MFU_PREFILL:.0%} of peak", "FLOP count of a dense decoder (Kaplan et al. 2020, 2N per token, plus causal attention); 50% MFU is our assumption for prefill of this size"),
-    Assumption("decode step", f"{STEP_OVERHEAD_S * 1e3:.0f} ms + (weights + KV of the batch) / ({HBM_EFFICIENCY:.0%} of 4.8 TB/s)", "decode is memory bound (roofline); overhead and efficiency are our assumptions"),
-    Assumption("decode KV capacity", f"{D_BLOCKS} blocks of {BLOCK_SIZE} tokens: 0.9 x 141 GB - 16.1 GB weights - 4 GB activations", "vLLM's default gpu_memory_utilization 0.9 and block size 16; the activation reserve is our assumption"),
-    Assumption("decode admission", "blocks for prompt + output are held from admission (no preemption)", "simplification (vLLM 0.33 can instead preempt; with full_sequence_must_fit it gates the same way)"),
-    Assumption("KV transfer", f"{LINK_BYTES_PER_S / GB:.0f} GB/s into each decode GPU (FIFO), {TRANSFER_LATENCY_S * 1e6:.0f} us per transfer", "NVIDIA ConnectX-7 datasheet (400 Gb/s NDR per GPU); 80% achieved is our assumption"),
-    Assumption("router hop", f"{ROUTER_HOP_S * 1e3:.1f} ms per control message", "our assumption for an in-datacenter RPC (vLLM's disaggregated proxy is HTTP)"),
-    Assumption("engine steps", "a decode instance acts on new requests, arrivals and reservations only at step boundaries", "vLLM v1 EngineCore busy loop: inputs are drained between steps, then schedule()"),
+    Assumption(
+        "model",
+        "Llama-3.1-8B, bf16: 8.03e9 parameters, 32 layers, 8 KV heads x 128",
+        "meta-llama/Llama-3.1-8B config.json and model card",
+    ),
+    Assumption(
+        "KV per token",
+        f"{KV_BYTES_PER_TOKEN // 1024} KiB (2 x 32 x 8 x 128 x 2 bytes)",
+        "derived from the model config",
+    ),
+    Assumption(
+        "GPU",
+        "one NVIDIA H200 SXM per instance: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB",
+        "NVIDIA H200 Tensor Core GPU datasheet",
+    ),
+    Assumption(
+        "prefill time",
+        f"{PREFILL_OVERHEAD_S * 1e3:.0f} ms + (2 N L + 2 x 32 x 4096 L^2) FLOPs at {MFU_PREFILL:.0%} of peak",
+        "FLOP count of a dense decoder (Kaplan et al. 2020, 2N per token, plus "
+        "causal attention); 50% MFU is our assumption for prefill of this size",
+    ),
+    Assumption(
+        "decode step",
+        f"{STEP_OVERHEAD_S * 1e3:.0f} ms + (weights + KV of the batch) / ({HBM_EFFICIENCY:.0%} of 4.8 TB/s)",
+        "decode is memory bound (roofline); overhead and efficiency are our assumptions",
+    ),
+    Assumption(
+        "decode KV capacity",
+        f"{D_BLOCKS} blocks of {BLOCK_SIZE} tokens: 0.9 x 141 GB - 16.1 GB weights - 4 GB activations",
+        "vLLM's default gpu_memory_utilization 0.9 and block size 16; the activation reserve is our assumption",
+    ),
+    Assumption(
+        "decode admission",
+        "blocks for prompt + output are held from admission (no preemption)",
+        "simplification (vLLM 0.33 can instead preempt; with full_sequence_must_fit it gates the same way)",
+    ),
+    Assumption(
+        "KV transfer",
+        f"{LINK_BYTES_PER_S / GB:.0f} GB/s into each decode GPU (FIFO), {TRANSFER_LATENCY_S * 1e6:.0f} us per transfer",
+        "NVIDIA ConnectX-7 datasheet (400 Gb/s NDR per GPU); 80% achieved is our assumption",
+    ),
+    Assumption(
+        "router hop",
+        f"{ROUTER_HOP_S * 1e3:.1f} ms per control message",
+        "our assumption for an in-datacenter RPC (vLLM's disaggregated proxy is HTTP)",
+    ),
+    Assumption(
+        "engine steps",
+        "a decode instance acts on new requests, arrivals and reservations only at step boundaries",
+        "vLLM v1 EngineCore busy loop: inputs are drained between steps, then schedule()",
+    ),
     Assumption("arrivals", "Poisson", "vllm bench serve --request-rate with the default burstiness 1.0"),
-    Assumption("lengths", "chat: prompt U[512, 2048], output U[128, 384], 1 P : 1 D; long: prompt U[4096, 12288], output U[128, 384], 2 P : 1 D", "our choice, shaped like vllm bench serve's random dataset with a range ratio"),
-    Assumption("prefill instances", "FCFS, one prefill at a time, requests go to the least loaded; their KV memory is not the bottleneck", "simplification"),
+    Assumption(
+        "lengths",
+        "chat: prompt U[512, 2048], output U[128, 384], 1 P : 1 D; "
+        "long: prompt U[4096, 12288], output U[128, 384], 2 P : 1 D",
+        "our choice, shaped like vllm bench serve's random dataset with a range ratio",
+    ),
+    Assumption(
+        "prefill instances",
+        "FCFS, one prefill at a time, requests go to the least loaded; their KV memory is not the bottleneck",
+        "simplification",
+    ),
 )
 
 

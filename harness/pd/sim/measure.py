@@ -32,15 +32,29 @@ def measure_manager_costs(num_blocks: int, repeats: int = 30, progress: Any = No
     out: dict[str, Any] = {"vllm": vllm_version(), "num_blocks": num_blocks, "block_size": BLOCK_SIZE, "median_s": {}}
     n = 0
     for nb in PROMPT_BLOCKS:
-        samples: dict[str, list[float]] = {"get_computed_blocks": [], "allocate_slots": [], "cache_blocks": [], "free": []}
+        samples: dict[str, list[float]] = {
+            "get_computed_blocks": [],
+            "allocate_slots": [],
+            "cache_blocks": [],
+            "free": [],
+        }
         for _ in range(repeats):
             rid = f"m{n}"
             n += 1
             prompt = tuple((n * 7919 + j) % 50000 + 1 for j in range(nb * BLOCK_SIZE))  # distinct: no prefix hits
             target.apply(O.AddRequest(rid, prompt))
-            calls = [
+            calls: list[tuple[str, O.Op]] = [
                 ("get_computed_blocks", O.GetComputedBlocks(rid)),
-                ("allocate_slots", O.AllocateSlots(rid, 0, use_computed_blocks=True, num_external_computed_tokens=len(prompt), delay_cache_blocks=True)),
+                (
+                    "allocate_slots",
+                    O.AllocateSlots(
+                        rid,
+                        0,
+                        use_computed_blocks=True,
+                        num_external_computed_tokens=len(prompt),
+                        delay_cache_blocks=True,
+                    ),
+                ),
                 ("cache_blocks", O.CacheBlocks(rid, len(prompt))),
                 ("free", O.Free(rid)),
             ]

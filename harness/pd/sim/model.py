@@ -87,8 +87,9 @@ class Decoder:
 
 
 class Simulation:
-    def __init__(self, workload: Workload, protocol: Protocol, rate: float, num_requests: int, seed: int,
-                 costs: X.ManagerCosts) -> None:
+    def __init__(
+        self, workload: Workload, protocol: Protocol, rate: float, num_requests: int, seed: int, costs: X.ManagerCosts
+    ) -> None:
         self.w, self.protocol, self.costs = workload, protocol, costs
         d_blocks = int(X.D_BLOCKS * workload.d_kv_fraction)
         self.events: list[tuple[float, int, str, Any]] = []
@@ -122,7 +123,10 @@ class Simulation:
     # --- router and prefill ----------------------------------------------------------------------
 
     def on_arrive(self, t: float, r: Req) -> None:
-        loads = [max(self.p_free_at[p], t) + sum(X.get_prefill_seconds(q.prompt) for q in self.p_queue[p]) for p in range(self.w.num_prefill)]
+        loads = [
+            max(self.p_free_at[p], t) + sum(X.get_prefill_seconds(q.prompt) for q in self.p_queue[p])
+            for p in range(self.w.num_prefill)
+        ]
         r.p = loads.index(min(loads))
         r.d = self.next_d
         self.next_d = (self.next_d + 1) % self.w.num_decode

@@ -1,0 +1,52 @@
+"""Known target bugs are data (harness/known_bugs.py): counted and reported once, never steering."""
+
+from harness.cli import main
+from harness.known_bugs import KNOWN_BUGS, match_known_bug
+
+WINDOW_LOAD = {
+    "invariant": "kv_write_in_real_block",
+    "group_kind": "sliding_window",
+    "recompute": "full-remote-load",
+    "chunk_multiple_of_block": None,
+    "source": "computed",
+}
+
+
+def test_each_known_bug_has_its_reproduction_and_report():
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    for bug in KNOWN_BUGS:
+        assert (root / bug.reproduction).is_file() and (root / bug.report).is_file(), bug.id
+
+
+def test_matching_is_by_signature():
+    assert match_known_bug(WINDOW_LOAD).name == "window_full_remote_load"
+    assert match_known_bug({**WINDOW_LOAD, "recompute": "load-recovery"}).name == "window_invalid_block_recovery"
+    # the same broken rule without the known trigger is an ordinary finding
+    assert match_known_bug({**WINDOW_LOAD, "recompute": None}) is None
+    assert match_known_bug({**WINDOW_LOAD, "invariant": "kv_read_own_kv"}) is None
+    assert match_known_bug({**WINDOW_LOAD, "group_kind": "full"}) is None
+
+
+def test_known_bugs_are_counted_not_failed_unless_strict(tmp_path, capsys, monkeypatch):
+    """The spec models vLLM 0.33 exactly, so its sliding-window runs meet K1; the run passes and
+    lists it, with one report; ``--strict-known`` turns the same meeting into a failure."""
+    monkeypatch.delenv("KVSPEC_STRICT_KNOWN", raising=False)
+    args = ["fuzz", "--target", "spec", "--family", "sliding_window", "--seconds", "20", "--seed", "1"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "known bug K1 (window_full_remote_load):" in out
+    assert (tmp_path / "a" / "known-K1-window_full_remote_load" / "trace.json").is_file()
+    assert main([*args, "--out", str(tmp_path / "b"), "--strict-known"]) == 1
+    assert "kv-ledger" in capsys.readouterr().out
+
+
+def test_fuzz_options_do_not_leak_into_the_environment(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.delenv("KVSPEC_STRICT_KNOWN", raising=False)
+    monkeypatch.delenv("KVSPEC_LEDGER", raising=False)
+    args = ["fuzz", "--target", "spec", "--family", "full", "--seconds", "1", "--out", str(tmp_path)]
+    main([*args, "--strict-known", "--no-ledger"])
+    assert "KVSPEC_STRICT_KNOWN" not in os.environ and "KVSPEC_LEDGER" not in os.environ
