@@ -20,7 +20,8 @@ from typing import Any
 from harness import ops as O
 from harness.equality import get_relation, observation_differences, outcome_difference
 from harness.finding import Finding, FindingError, StepTimeout, call_with_timeout, obs_to_json
-from harness.known_bugs import match_known_bug, strict_known
+from harness.known_bugs import match_known_bug
+from harness.known_bugs import strict_known as is_strict_known
 from harness.ledger import LedgerChecker
 from harness.ledger_finding import LedgerFinding
 from harness.obs_invariants import EventLedger, ObsContext, check_observation
@@ -41,7 +42,9 @@ def ledger_enabled() -> bool:
 class Lockstep:
     """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both.
 
-    ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``)."""
+    ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``); ``strict_known``: a ledger
+    finding that matches a known bug (``harness.known_bugs``) is a finding too, not only counted (None:
+    ``KVSPEC_STRICT_KNOWN``)."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class Lockstep:
         step_timeout: float | None = 10.0,
         check_spec_invariants: bool = True,
         ledger: bool | None = None,
+        strict_known: bool | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -69,6 +73,7 @@ class Lockstep:
         self.op_counts: dict[str, int] = {}
         self.event_log: list[Any] = []  # the reference's events taken so far (spec §9.20)
         self.kv_ledger = LedgerChecker(config) if (ledger_enabled() if ledger is None else ledger) else None
+        self.strict_known = is_strict_known() if strict_known is None else strict_known
         self.known_hits: Counter[str] = Counter()  # known bug id -> ledger findings matching it
         self.known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]]]] = {}
 
@@ -239,7 +244,7 @@ class Lockstep:
         if f is None:
             return
         blocks = {f.block} if f.block else set()
-        bug = None if strict_known() else match_known_bug(f.signature)
+        bug = None if self.strict_known else match_known_bug(f.signature)
         if bug is None:
             self._fail(
                 "kv-ledger",

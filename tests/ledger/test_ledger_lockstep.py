@@ -17,7 +17,7 @@ from harness.trace import Trace, read_trace
 
 
 def run_lockstep(ops, config, target, **kw):
-    ls = Lockstep(config, target, "exact", **kw)
+    ls = Lockstep(config, target, "exact", strict_known=True, **kw)  # known vLLM bugs raise here
     ls.start()
     for op in ops:
         ls.apply(op)
@@ -48,8 +48,9 @@ def test_candidates_are_kv_ledger_findings_against_impl(candidate):
     assert match_vllm_033_candidate(e.value.finding.witness["ledger"]["signature"]) == candidate
 
 
-def test_report_and_replay(tmp_path):
-    ls = Lockstep(FULL_LOAD, SpecTarget(), "exact")
+def test_report_and_replay(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSPEC_STRICT_KNOWN", "1")  # the replay below must see the known bug as a finding
+    ls = Lockstep(FULL_LOAD, SpecTarget(), "exact", strict_known=True)
     ls.start()
     with pytest.raises(FindingError) as e:
         for op in FULL_LOAD_OPS:

@@ -51,7 +51,7 @@ def test_candidate_bug_reproduced_on_vllm(vllm_factory, candidate):
     assert f is not None and i == len(ops) - 1 and f.block == 0, f
     assert is_known_vllm_trigger(f) == candidate, f.to_markdown()
     # The same through the lockstep driver, vLLM against the spec (which agrees on every table).
-    ls = Lockstep(config, vllm_factory(), "exact")
+    ls = Lockstep(config, vllm_factory(), "exact", strict_known=True)
     ls.start()
     with pytest.raises(FindingError) as e:
         for op in ops:
