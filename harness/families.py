@@ -227,31 +227,13 @@ STRATEGIES = {
 }
 
 
-def configs(family: str, kv_safe: bool = False) -> st.SearchStrategy[KVCacheConfig]:
-    """The family's configs; ``kv_safe`` (under ``--kv-check``) rounds chunk sizes up to block
-    multiples, see ``round_chunks_to_blocks``."""
+def configs(family: str) -> st.SearchStrategy[KVCacheConfig]:
+    """The family's configs, validated."""
     try:
         strategy = STRATEGIES[family]()
     except KeyError:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})") from None
-    if kv_safe:
-        strategy = strategy.map(round_chunks_to_blocks)
     return strategy.map(lambda c: c.validate())
-
-
-def round_chunks_to_blocks(config: KVCacheConfig) -> KVCacheConfig:
-    """vLLM 0.33 computes wrong numbers for chunked-local attention whose chunk is not a multiple of
-    the block size (the lookup counts the nulls before the chunk as a hit, yet the next query's
-    chunk reaches into them: a finding the KV oracle reports at once, documented in
-    docs/findings.md).  Allocation fuzzing keeps such chunks; the KV check rounds them up so it
-    can look for other bugs."""
-    groups = tuple(
-        replace(g, attention_chunk_size=TokenCount(-(-g.attention_chunk_size // g.block_size) * g.block_size))
-        if g.kind == "chunked_local" and g.attention_chunk_size is not None
-        else g
-        for g in config.groups
-    )
-    return replace(config, groups=groups)
 
 
 def parse_families(text: str) -> list[str]:

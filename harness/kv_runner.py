@@ -11,8 +11,9 @@ wrong numbers.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from harness import ops as O
@@ -42,6 +43,7 @@ class OracleStats:
     oracle_seconds: float = 0.0  # model, reference, comparisons, poisoning (no inner call, no observe)
     observe_seconds: float = 0.0  # inner.observe() calls made for the oracle
     inner_seconds: float = 0.0  # inner.apply()
+    known_bugs: Counter[str] = field(default_factory=Counter)  # runs stopped by a known target bug, by id
 
 
 class ModelRunner:

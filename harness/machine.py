@@ -148,14 +148,14 @@ class KVMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
-        config = data.draw(configs(self.family, kv_safe=self.kv_check), label="config")
+        config = data.draw(configs(self.family), label="config")
         features = workload_features(self.family)
         if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
             config = dataclasses.replace(
                 config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark")
             )
         ch = DrawChoices(data)
-        sc = draw_sched_config(ch, config, kv_check=self.kv_check, features=features)
+        sc = draw_sched_config(ch, config, features=features)
         target = type(self).target_factory()
         self.stats.target_version = str(getattr(target, "version", ""))
         self.ls = Lockstep(config, target, self.relation, self.step_timeout)

@@ -55,12 +55,14 @@ import torch
 
 from harness import ops as O
 from harness.book import RequestBook
+from harness.known_bugs import match_known_bug, strict_known
 from harness.kv_dense import DenseRun, dense_reference, row_errors
 from harness.kv_finding import BadKV, KVFinding, KVMismatch, fmt_positions
 from harness.kv_paged import PagedKV
 from harness.kv_request import BASE_VOCAB, FILLER, LORA_SLOTS, MM_BASE, VOCAB, Alloc, OracleRequest
 from harness.kv_runner import ModelRunner, OracleStats
 from harness.kv_schedule import KVSchedule
+from harness.ledger import LedgerChecker
 from harness.observation import Observation
 from harness.targets.base import Target
 from impl.kv_cache import default_device
@@ -94,7 +96,10 @@ class KVCheckTarget:
 
     ``apply`` returns the inner outcome unchanged and raises ``KVMismatch`` when the numbers go
     wrong; exceptions of the inner target (``Unsupported`` included) pass through untouched.
-    ``poison=False`` turns NaN poisoning off (only for showing that it matters).
+    ``poison=False`` turns NaN poisoning off (only for showing that it matters).  ``known_bugs``
+    (default: unless ``KVSPEC_STRICT_KNOWN=1``): a KV ledger runs alongside, and when it recognises
+    a known target bug (``harness.known_bugs``) checking stops for the run instead of reporting the
+    wrong numbers it causes (``stats.known_bugs`` counts them, ``stopped`` says where).
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class KVCheckTarget:
         layers_per_group: int = 2,
         poison: bool = True,
         tol: dict[str, float] | None = None,
+        known_bugs: bool | None = None,
     ) -> None:
         if layers_per_group < 1:
             raise ValueError(f"layers_per_group must be >= 1, got {layers_per_group}")
@@ -122,6 +128,9 @@ class KVCheckTarget:
         self.runner: ModelRunner | None = None
         self.schedule: KVSchedule[OracleRequest] | None = None
         self.op_index = -1  # index of the last operation applied since reset
+        self.known_bugs = not strict_known() if known_bugs is None else known_bugs
+        self.ledger: LedgerChecker | None = None  # recognises known target bugs (``known_bugs``)
+        self.stopped: str | None = None  # why checking stopped for this run (a known bug)
 
     @property
     def version(self) -> str:
@@ -162,12 +171,36 @@ class KVCheckTarget:
         self.schedule = KVSchedule(self.runner, config)
         self.config = config
         self.op_index = -1
+        self.stopped = None
         self._refresh(self.runner)
+        self.ledger = LedgerChecker(config) if self.known_bugs else None
+        if self.ledger is not None and self.runner.obs is not None:
+            self.ledger.start(self.runner.obs)
+
+    def _known_bug(self, op: O.Op, out: Any, before: Observation | None, after: Observation | None) -> bool:
+        """The KV ledger, fed the same operation, recognises a known target bug (``harness.known_bugs``):
+        the cache now holds KV that is wrong for a known reason, so checking stops for this run (the
+        run's own ledger reports the bug, counted, once).  Any other ledger finding only ends the
+        recognising: the numbers stay checked."""
+        if self.ledger is None or after is None:
+            return False
+        f = self.ledger.check(op, out, before, after)
+        if f is None:
+            return False
+        self.ledger = None
+        bug = match_known_bug(f.signature)
+        if bug is None:
+            return False
+        self.stats.known_bugs[bug.id] += 1
+        self.stopped = f"known bug {bug.id} ({bug.name}) at operation {self.op_index}"
+        return True
 
     def apply(self, op: O.Op) -> Any:
         runner, schedule = self.runner, self.schedule
         if runner is None or schedule is None:
             raise ValueError("KVCheckTarget.apply called before reset(config)")
+        if self.stopped is not None:
+            return self.inner.apply(op)
         self.op_index += 1
         self.stats.ops += 1
         before = runner.obs
@@ -178,6 +211,8 @@ class KVCheckTarget:
         runner.op_index, runner.op = self.op_index, op
         if not isinstance(op, (*O.REQUEST_OPS, O.TakeEvents)):  # those cannot change block tables
             self._refresh(runner)
+        if self._known_bug(op, out, before, runner.obs):
+            return out
         t2 = time.perf_counter()
         threads = torch.get_num_threads()
         if self.device.type == "cpu" and threads != 1:

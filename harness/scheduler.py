@@ -57,17 +57,9 @@ class SchedConfig:
     num_lookahead_tokens: int = 0  # EAGLE / draft-model lookahead slots (0 or k)
     connector: bool = False  # a KV connector (P/D) answers get_num_new_matched_tokens
     single_group: bool = True  # invalid-block recovery needs one group (vLLM 0.33)
-    # An async load may cover the whole prompt (then the last token is recomputed).  Off under
-    # --kv-check with window groups: vLLM 0.33 may then recompute it into a skipped (null) block,
-    # a finding explained in docs/findings.md.
-    full_async_loads: bool = True
     # vLLM 0.33 scheduler_reserve_full_isl: admissions pass full_sequence_must_fit (the whole prompt
     # must fit, window kinds capped by their recycling bound).
     reserve_full_isl: bool = False
-    # Recovery from invalid blocks of a load (recompute from the first invalid block).  Off under
-    # --kv-check with window groups: vLLM 0.33 then recomputes tokens whose window blocks it has
-    # already dropped (docs/findings.md).
-    window_load_recovery: bool = True
     # vLLM 0.33 ``AsyncScheduler`` (``scheduler_config.async_scheduling``): two batches in flight.
     async_scheduling: bool = False
     # An encoder-decoder model (a cross-attention group): encoder inputs are scheduled on admission.
@@ -410,10 +402,8 @@ class Scheduler:
         if room <= 0 or not self.ch.boolean("connector_hit"):
             return 0, False
         if self.ch.boolean("async_load"):
-            most = room if self.cfg.full_async_loads else room - 1
-            if most < 1:
-                return 0, False
-            return self.ch.integer(1, most, "ext_async", boundary=self.cfg.block_size), True
+            # An async load may cover the whole prompt (then the last token is recomputed).
+            return self.ch.integer(1, room, "ext_async", boundary=self.cfg.block_size), True
         if room <= 1:
             return 0, False
         return self.ch.integer(1, room - 1, "ext_sync", boundary=self.cfg.block_size), False
@@ -527,7 +517,7 @@ class Scheduler:
         before = r.num_computed_tokens - num_scheduled
         first_ext_block = (before - ext) // bs
         last = -(-before // bs)
-        if first_ext_block >= last or self.table is None or not self.cfg.window_load_recovery:
+        if first_ext_block >= last or self.table is None:
             return False
         # The worker reports real blocks only: a null (window-skipped) position is never invalid.
         table = self.table(r.request_id)

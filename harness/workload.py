@@ -88,13 +88,11 @@ class SeededChoices:
         return self.rng.choice(list(options))
 
 
-def draw_sched_config(
-    ch: Choices, config: KVCacheConfig, *, kv_check: bool = False, features: frozenset[str] = frozenset()
-) -> SchedConfig:
-    """The scheduler knobs of one run.  Under ``kv_check`` window groups avoid the two load paths
-    where vLLM 0.33 computes wrong numbers (docs/findings.md).  ``features`` are the family's
-    workload features (``harness.families.workload_features``)."""
-    sc = _draw_base_sched_config(ch, config, kv_check)
+def draw_sched_config(ch: Choices, config: KVCacheConfig, *, features: frozenset[str] = frozenset()) -> SchedConfig:
+    """The scheduler knobs of one run.  Nothing steers around known target bugs (they are data,
+    ``harness.known_bugs``).  ``features`` are the family's workload features
+    (``harness.families.workload_features``)."""
+    sc = _draw_base_sched_config(ch, config)
     return _engine_mode(sc, config, features)
 
 
@@ -123,11 +121,10 @@ def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str
     )
 
 
-def _draw_base_sched_config(ch: Choices, config: KVCacheConfig, kv_check: bool) -> SchedConfig:
+def _draw_base_sched_config(ch: Choices, config: KVCacheConfig) -> SchedConfig:
     """The knobs every family draws, in their historical order."""
     bs = config.scheduler_block_size
     k = ch.choice((0, 0, 1, 2, 3), "num_spec_tokens")
-    windowed = any(g.kind != "full" for g in config.groups)
     return SchedConfig(
         token_budget=ch.integer(1, 4 * bs + 1, "token_budget_max", boundary=bs),
         max_num_seqs=ch.integer(1, 6, "max_num_seqs"),
@@ -138,8 +135,6 @@ def _draw_base_sched_config(ch: Choices, config: KVCacheConfig, kv_check: bool) 
         connector=ch.boolean("connector"),
         reserve_full_isl=ch.integer(0, 3, "reserve_full_isl?") == 0,
         single_group=len(config.groups) == 1,
-        full_async_loads=not (kv_check and windowed),
-        window_load_recovery=not (kv_check and windowed),
     )
 
 
@@ -274,7 +269,6 @@ class Workload:
             if (
                 sched.cfg.single_group
                 and lead <= last
-                and sched.cfg.window_load_recovery
                 and ch.boolean("invalid_blocks?")
             ):
                 valid = min(bs * ch.integer(lead, max(lead, last), "first_invalid"), r.num_computed_tokens)
@@ -305,7 +299,6 @@ def run_seeded(
     seed: int,
     actions: int,
     *,
-    kv_check: bool = False,
     on_op: Callable[[O.Op, Any], None] | None = None,
     features: frozenset[str] = frozenset(),
 ) -> Workload:
@@ -322,7 +315,7 @@ def run_seeded(
         return out
 
     target.reset(config)
-    sc = draw_sched_config(ch, config, kv_check=kv_check, features=features)
+    sc = draw_sched_config(ch, config, features=features)
     w = Workload(config, sc, emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
     for _ in range(actions):
         enabled = [a for a in ACTIONS if a.enabled(w)]

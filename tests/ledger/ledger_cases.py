@@ -1,8 +1,8 @@
 """Shared pieces of the ledger tests: hand-written op sequences, a seeded driver, the known triggers.
 
 ``drive`` runs the one workload (``harness.workload.run_seeded``) on a target wrapped in the ledger
-(``harness.ledger.LedgerCheckTarget``) and stops at the first ``LedgerMismatch``.  ``kv_check=False``
-lets the workload generate the three vLLM 0.33 trigger paths of docs/findings.md, which
+(``harness.ledger.LedgerCheckTarget``) and stops at the first ``LedgerMismatch``.  The workload
+generates the three vLLM 0.33 trigger paths of docs/findings.md (nothing steers around them), which
 ``is_known_vllm_trigger`` recognises from a finding's stable signature.
 """
 
@@ -112,7 +112,7 @@ class DriveResult:
     stopped: str | None  # why the run ended early without a ledger finding
 
 
-def drive(target: Any, config: KVCacheConfig, seed: int, actions: int, *, kv_check: bool = True) -> DriveResult:
+def drive(target: Any, config: KVCacheConfig, seed: int, actions: int) -> DriveResult:
     """Reset ``target`` wrapped in the ledger and run ``actions`` seeded workload actions."""
     applied = 0
 
@@ -121,7 +121,7 @@ def drive(target: Any, config: KVCacheConfig, seed: int, actions: int, *, kv_che
         applied += 1
 
     try:
-        run_seeded(LedgerCheckTarget(target), config, seed, actions, kv_check=kv_check, on_op=count)
+        run_seeded(LedgerCheckTarget(target), config, seed, actions, on_op=count)
     except LedgerMismatch as e:
         return DriveResult(applied + 1, e.finding, None)
     except Unsupported as e:

@@ -1,6 +1,6 @@
-"""The unmutated managers pass the ledger: seeded workload runs on every layout are clean with the
-workload's trigger steering on, and with it off every finding is one of the three vLLM 0.33
-candidate bugs of docs/findings.md; the Hypothesis state machine (ledger on by default) agrees."""
+"""The unmutated managers pass the ledger: on seeded workload runs over every layout each finding is
+one of the three vLLM 0.33 candidate bugs of docs/findings.md (harness.known_bugs), which the spec
+and ``impl`` model; the Hypothesis state machine (ledger on by default, known bugs counted) agrees."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ LAYOUTS = {
     "sliding_window": SWA,
     "sliding_window-small": KVCacheConfig(30, (sliding_window(2, 3),), 80),
     "chunked_local": KVCacheConfig(24, (chunked_local(4, 8),), 120),
-    "chunked_local-odd": KVCacheConfig(30, (chunked_local(2, 5),), 80),  # candidate bug 1 whatever the steering
+    "chunked_local-odd": KVCacheConfig(30, (chunked_local(2, 5),), 80),  # candidate bug 1 (K3)
     "chunked_local-bs1": KVCacheConfig(30, (chunked_local(1, 2),), 40),  # whole-prompt loads end chunks often
     "hybrid_equal": KVCacheConfig(48, (full_attention(4), sliding_window(4, 5), chunked_local(4, 8)), 120),
     "hybrid_diff": KVCacheConfig(60, (full_attention(4), sliding_window(2, 5)), 80),
@@ -42,37 +42,30 @@ ACTIONS = 250
 
 
 @pytest.mark.parametrize("inner", [SpecTarget, ImplTarget])
-@pytest.mark.parametrize(
-    "layout", sorted(set(LAYOUTS) - {"chunked_local-odd"})
-)  # candidate bug 1 whatever the steering
-def test_seeded_runs_are_clean(inner, layout):
-    config = LAYOUTS[layout]
-    for seed in SEEDS:
-        r = drive(inner(), config, seed, ACTIONS, kv_check=True)
-        assert r.stopped is None, r.stopped
-        assert r.finding is None, r.finding.to_markdown()
-
-
-@pytest.mark.parametrize("inner", [SpecTarget, ImplTarget])
-def test_without_steering_only_the_known_triggers(inner):
+def test_seeded_runs_end_clean_or_at_a_known_trigger(inner):
+    """Nothing steers the workload around the three triggers: each shows up, nothing else does, and
+    most runs go to the end (a run stops at its first finding: the record no longer holds after it)."""
     seen: Counter[str] = Counter()
+    runs = 0
     for layout, config in LAYOUTS.items():
         for seed in SEEDS:
-            r = drive(inner(), config, seed, ACTIONS, kv_check=False)
+            runs += 1
+            r = drive(inner(), config, seed, ACTIONS)
             assert r.stopped is None, r.stopped
             if r.finding is not None:
                 known = is_known_vllm_trigger(r.finding)
                 assert known is not None, f"{layout} seed {seed}: {r.finding.to_markdown()}"
                 seen[known] += 1
     assert set(seen) == {"chunk_not_block_multiple", "window_invalid_block_recovery", "window_full_remote_load"}, seen
+    assert sum(seen.values()) <= runs // 3, (seen, runs)
 
 
 @pytest.mark.statemachine
 @pytest.mark.parametrize("family", FAMILIES)
-def test_state_machine_with_steering_is_clean(family):
-    """``make_machine(kv_check=True)`` steers around the triggers (its target is the plain spec: no oracle)."""
+def test_state_machine_reports_only_known_bugs(family):
+    """The fuzzing machine on the spec (ledger on, known bugs counted, not failing) ends clean."""
     stats = RunStats()
-    cls = make_machine(family, SpecTarget, "spec", "exact", stats, kv_check=True)
+    cls = make_machine(family, SpecTarget, "spec", "exact", stats)
     try:
         run_machine(cls, profile_settings("dev", max_examples=15, database=None), seed=2024, shrink_seconds=20)
     except Exception:

@@ -1,15 +1,16 @@
 """Each impl allocator mutant the torch oracle catches is caught by the KV ledger alone (oracle off).
 
-Same workload and configs as ``tests/oracle/test_oracle_mutants.py`` (``run_seeded``,
-``kv_check=True``): seeds are scanned in order until the ledger raises; the finding must be the
-named invariant the bug breaks, and the correct allocator must pass the very same run.
+Same workload and configs as ``tests/oracle/test_oracle_mutants.py`` (``run_seeded``): seeds are
+scanned in order until the ledger raises other than on a known vLLM 0.33 trigger (which the spec
+and ``impl`` model too); the finding must be the named invariant the bug breaks, and the correct
+allocator must pass the very same run (or stop at a known trigger only later).
 ``bench_ledger.py`` prints operations and time to detection next to the oracle's.
 """
 
 from __future__ import annotations
 
 import pytest
-from ledger_cases import DriveResult, drive
+from ledger_cases import DriveResult, drive, is_known_vllm_trigger
 
 from harness.mutants_impl import MUTANTS, make_mutant_target
 from harness.targets.impl import ImplTarget
@@ -33,7 +34,7 @@ def first_detection(mutant: str, config: KVCacheConfig) -> tuple[int, DriveResul
     for seed in range(MAX_SEEDS):
         r = drive(make_mutant_target(mutant), config, seed, ACTIONS)
         assert r.stopped is None, f"{mutant} seed {seed}: the mutant broke before the ledger saw it: {r.stopped}"
-        if r.finding is not None:
+        if r.finding is not None and is_known_vllm_trigger(r.finding) is None:
             return seed, r
     pytest.fail(f"{mutant}: not caught by the ledger within {MAX_SEEDS} runs of {ACTIONS} workload actions")
 
@@ -52,7 +53,8 @@ def test_mutant_caught_by_the_ledger_alone(mutant):
     if mutant == "hash_ignores_lora":
         assert f.source == "prefix-hit" and f.held != "unwritten", f.to_markdown()
     control = drive(ImplTarget(), config, seed, ACTIONS)
-    assert control.finding is None and control.stopped is None, control
+    assert control.stopped is None, control
+    assert control.finding is None or is_known_vllm_trigger(control.finding), control.finding.to_markdown()
     assert control.ops > r.ops
 
 

@@ -1,5 +1,5 @@
 """The ledger on the real vLLM 0.33 ``KVCacheManager``: the three candidate bugs of docs/findings.md
-are ledger findings with the oracle off, the workload finds each when its steering is off, and
+are ledger findings with the oracle off, the workload finds each (nothing steers around them), and
 otherwise vLLM runs clean (skipped when vLLM is not installed)."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.vllm
 
 # Where the workload reaches each candidate (seeds scanned in order; see bench_ledger.py).
 SEARCH = {
-    "chunk_not_block_multiple": (KVCacheConfig(30, (chunked_local(2, 5),), 80), True),
-    "window_invalid_block_recovery": (KVCacheConfig(30, (sliding_window(2, 3),), 80), False),
-    "window_full_remote_load": (KVCacheConfig(30, (chunked_local(1, 2),), 40), False),
+    "chunk_not_block_multiple": KVCacheConfig(30, (chunked_local(2, 5),), 80),
+    "window_invalid_block_recovery": KVCacheConfig(30, (sliding_window(2, 3),), 80),
+    "window_full_remote_load": KVCacheConfig(30, (chunked_local(1, 2),), 40),
 }
 CLEAN = {
     "full": KVCacheConfig(24, (full_attention(4),), 120),
@@ -61,10 +61,10 @@ def test_candidate_bug_reproduced_on_vllm(vllm_factory, candidate):
 
 @pytest.mark.parametrize("candidate", sorted(SEARCH))
 def test_the_workload_finds_each_candidate_on_vllm(vllm_factory, candidate):
-    config, kv_check = SEARCH[candidate]
+    config = SEARCH[candidate]
     found = []
     for seed in range(6):
-        r = drive(vllm_factory(), config, seed, 300, kv_check=kv_check)
+        r = drive(vllm_factory(), config, seed, 300)
         assert r.stopped is None, r.stopped
         if r.finding is not None:
             found.append(is_known_vllm_trigger(r.finding))
@@ -73,27 +73,28 @@ def test_the_workload_finds_each_candidate_on_vllm(vllm_factory, candidate):
     pytest.fail(f"{candidate} not found in 6 seeded runs (found {found})")
 
 
-def test_vllm_runs_clean_with_steering_and_only_known_triggers_without(vllm_factory):
+def test_vllm_runs_end_clean_or_at_a_known_trigger(vllm_factory):
     seen: Counter[str] = Counter()
+    runs = 0
     for name, config in CLEAN.items():
         for seed in range(3):
-            r = drive(vllm_factory(), config, seed, 250, kv_check=True)
-            assert r.stopped is None and r.finding is None, (name, seed, r.stopped, r.finding and r.finding.summary)
-            r = drive(vllm_factory(), config, seed, 250, kv_check=False)
+            runs += 1
+            r = drive(vllm_factory(), config, seed, 250)
             assert r.stopped is None, r.stopped
             if r.finding is not None:
                 known = is_known_vllm_trigger(r.finding)
                 assert known is not None, f"{name} seed {seed}: {r.finding.to_markdown()}"
                 seen[known] += 1
-    print(f"known triggers without steering: {dict(seen)}")
+    print(f"known triggers: {dict(seen)} in {runs} runs")
+    assert sum(seen.values()) <= runs // 2, (seen, runs)
 
 
 @pytest.mark.statemachine
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "v0_20"])
-def test_vllm_state_machine_with_steering_is_clean(vllm_factory, family):
-    """vLLM against the spec with the ledger on (its default) and the trigger steering of ``--kv-check``."""
+def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family):
+    """vLLM against the spec with the ledger on (its default), known bugs counted and not failing."""
     stats = RunStats()
-    cls = make_machine(family, vllm_factory, "vllm", "exact", stats, kv_check=True)
+    cls = make_machine(family, vllm_factory, "vllm", "exact", stats)
     try:
         run_machine(cls, profile_settings("dev", max_examples=8, database=None), seed=7, shrink_seconds=30)
     except Exception:

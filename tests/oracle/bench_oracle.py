@@ -4,7 +4,7 @@
 
 Prints, per family, the oracle's own time per operation and per model run (inner target and
 observations reported apart), and for each mutant the fraction of seeded workload runs
-(``harness.workload.run_seeded``, ``kv_check=True``) in which the oracle alone catches it and the
+(``harness.workload.run_seeded``) in which the oracle alone catches it and the
 median number of operations to the first finding.
 """
 

@@ -1,8 +1,9 @@
 """Drive a target (usually a ``KVCheckTarget``) through the one workload, ``harness.workload.run_seeded``.
 
 Every oracle test and the oracle benchmark use this: the scheduler-faithful workload the
-Hypothesis state machine runs, here chosen by a seeded RNG.  ``kv_check=True`` (the default)
-applies the same avoidance of known vLLM 0.33 wrong-number paths as ``fuzz --kv-check``.
+Hypothesis state machine runs, here chosen by a seeded RNG.  Nothing steers around the known
+vLLM 0.33 wrong-number paths: a ``KVCheckTarget`` recognises them with its own ledger and stops
+checking for the run (``stats.known_bugs``), as under ``fuzz --kv-check``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class TraceResult:
     stopped: str | None  # why the run ended early without a KV finding (the inner target raised)
 
 
-def drive(target: Any, config: KVCacheConfig, seed: int, actions: int, *, kv_check: bool = True) -> TraceResult:
+def drive(target: Any, config: KVCacheConfig, seed: int, actions: int) -> TraceResult:
     """Reset ``target`` and run ``actions`` seeded workload actions on it; stop at the first
     ``KVMismatch`` or other exception of the target."""
     applied = 0
@@ -33,7 +34,7 @@ def drive(target: Any, config: KVCacheConfig, seed: int, actions: int, *, kv_che
         applied += 1
 
     try:
-        run_seeded(target, config, seed, actions, kv_check=kv_check, on_op=count)
+        run_seeded(target, config, seed, actions, on_op=count)
     except KVMismatch as e:
         return TraceResult(applied + 1, e.finding, None)
     except Unsupported as e:

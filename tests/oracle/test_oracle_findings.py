@@ -43,7 +43,8 @@ SWA_OPS = [
 
 
 def replay(inner, config, ops):
-    t = KVCheckTarget(inner, device="cpu")
+    """The oracle told not to recognise known bugs reports their wrong numbers."""
+    t = KVCheckTarget(inner, device="cpu", known_bugs=False)
     t.reset(config)
     for op in ops[:-1]:
         t.apply(op)
@@ -68,6 +69,25 @@ def test_sliding_window_recompute_after_invalid_block(inner):
     assert t.obs.tables[0]["r"][0] == 0
     assert f.kind == "attention-output" and 4 in f.positions
     assert any(b.block_id == 0 for b in f.bad_kv)
+
+
+@pytest.mark.parametrize(
+    "config, ops, bug", [(CHUNKED, CHUNKED_OPS, "K3"), (SWA, SWA_OPS, "K2")], ids=["chunk", "window-recovery"]
+)
+def test_by_default_the_oracle_recognises_them_as_known_bugs(config, ops, bug):
+    """Its own ledger names the known bug (harness.known_bugs) at the operation that reads the nulls,
+    before the numbers are compared: counted, checking stopped for the run, the outcome passed on."""
+    t = KVCheckTarget(ImplTarget(), device="cpu")
+    t.reset(config)
+    for op in ops:
+        t.apply(op)
+    assert dict(t.stats.known_bugs) == {bug: 1}
+    assert t.stopped is not None and bug in t.stopped and f"operation {len(ops) - 1}" in t.stopped
+    checked = t.stats.ops
+    t.apply(O.AddRequest("s", (9, 9, 9)))  # forwarded, unchecked
+    assert t.stats.ops == checked and "s" in t.inner.book.native
+    t.reset(config)  # a new run is checked again
+    assert t.stopped is None and t.ledger is not None
 
 
 def test_same_cases_pass_when_the_chunk_is_a_block_multiple():

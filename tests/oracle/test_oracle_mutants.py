@@ -1,6 +1,6 @@
 """Each deliberate allocator bug is caught by the KV-content oracle alone (no spec comparison).
 
-For every mutant the seeded workload runs (``harness.workload.run_seeded``, ``kv_check=True``) are
+For every mutant the seeded workload runs (``harness.workload.run_seeded``) are
 scanned in seed order until the oracle raises; the test asserts it does within a bounded number of
 runs, that the finding is of the kind the bug must produce, and that the correct allocator passes
 the very same run (so the bug, not the workload, caused it).  ``bench_oracle.py`` prints the runs /
