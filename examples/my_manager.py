@@ -2,12 +2,14 @@
 
 ``TinyManager`` is what a user might write first: full attention only, no prefix caching, one
 free list.  ``TinyTarget`` adapts it to kvspec's protocol (``harness.targets.base.Target``):
-``reset`` / ``apply`` / ``observe``.  Fuzz it with
+``reset`` / ``apply`` / ``observe``.  Having no prefix cache, it declines configs with caching on
+(``Unsupported``): there ``observe()`` would have to report each request's block hashes, which
+the invariants check.  Fuzz it from the repository root with (docs/targets.md)
 
-    kvspec fuzz --target examples.my_manager:make_target --family full --relation invariants --seconds 30
+    kvspec fuzz --target examples.my_manager:make_target --family no_cache --relation invariants --seconds 5
 
 ``--relation invariants`` checks only the invariants on the observed state, because this manager
-legitimately differs from vLLM (it never hits the prefix cache).  With the default ``exact``
+legitimately differs from vLLM (its free list is ordered differently).  With the default ``exact``
 relation kvspec reports the first difference from vLLM 0.33's behaviour instead.
 """
 
@@ -58,6 +60,10 @@ class TinyTarget:
     def reset(self, config: KVCacheConfig) -> None:
         if len(config.groups) != 1 or config.groups[0].kind != "full":
             raise Unsupported("TinyManager models one full-attention group only")
+        if config.enable_caching:
+            # With prefix caching on, a manager must report each request's block hashes (the
+            # invariants check them, §9.12); TinyManager has no prefix cache, so it says so.
+            raise Unsupported("TinyManager has no prefix cache (enable_caching=False only)")
         self.manager = TinyManager(config.num_blocks, config.groups[0].block_size, config.max_model_len)
         self.num_groups = 1
         self.computed: dict[str, int] = {}
@@ -93,7 +99,7 @@ class TinyTarget:
             free_queue=tuple(m.free_list),
             block_key=(None,) * len(m.ref_cnt),
             cached={},
-            request_block_hashes={},
+            request_block_hashes={r: () for r in self.computed},  # caching off: no hashes
         )
 
 

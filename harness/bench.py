@@ -5,6 +5,9 @@ decode-heavy trace (admissions with shared prefixes and a prefix-cache lookup, t
 one token, finishes that free and re-admit) on both managers, checks that both hand out the same
 block ids, and prints manager calls per second and the ratio.
 
+``python -m harness.bench lockstep`` (``harness.bench_lockstep``): µs per operation of the target's
+bare calls, the spec, lockstep and full lockstep, per family and against the pool size.
+
 ``python -m harness.bench attention`` (CUDA only) times the torch paged path, the Triton kernel and
 dense SDPA on a large shuffled pool and prints the achieved KV-read bandwidth.
 """
@@ -342,8 +345,13 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--oracle-steps", type=int, default=1500, help="trace prefix timed with and without the KV oracle")
     a.add_argument("--json", help="also write the figures as JSON here")
     sub.add_parser("attention")
+    from harness import bench_lockstep
+
+    bench_lockstep.add_parser(sub)
     args = ap.parse_args(argv)
-    if args.what == "allocator":
+    if args.what == "lockstep":
+        bench_lockstep.main(args)
+    elif args.what == "allocator":
         bench_allocator(
             args.requests,
             args.steps,

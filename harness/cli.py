@@ -1,7 +1,13 @@
 """``kvspec``: the command line users script in CI (also ``python -m harness``).
 
 - ``kvspec fuzz --target T --family F --seconds N --seed S --out DIR``: exit 0 if nothing was
-  found, 1 if a report was written, 2 on bad usage or a target that cannot be loaded;
+  found, 1 if a report was written (under DIR, or, if DIR cannot be written after all, under a fresh
+  folder of the system temp dir, said on stderr), 2 on bad usage (every option is checked before any
+  work: numbers finite and in range, DIR a folder that can be created and written) or a target that
+  cannot be loaded, 130 on SIGINT and 143 on SIGTERM (the run stops cleanly; a finding already made,
+  even one still being shrunk or reduced, is written first, the smallest trace so far, and the
+  message says where).  ``--seconds`` bounds the whole run, shrinking and reduction included, plus a
+  few seconds for the batch under way and the report;
 - ``kvspec replay PATH...``: exit 0 if every trace behaves as recorded, 1 otherwise, 2 on a bad file;
 - ``kvspec report PATH``: print the report of a trace;
 - ``kvspec mutants [--target T]``: the deliberate-bug campaign (``harness.campaign``); exit 1 if one survives;
@@ -12,10 +18,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -33,19 +43,31 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds")
     f.add_argument("--target", default="spec", help="spec, vllm, impl, mutant:NAME or package.module:factory")
     f.add_argument("--family", default="all", help="comma-separated config families, or 'all'")
-    f.add_argument("--seconds", type=float, default=60.0)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--out", default="kvspec-reports", help="report folder (written only on a finding)")
+    f.add_argument(
+        "--seconds", type=float, default=60.0, help="wall-time bound of the whole run, shrinking included (> 0)"
+    )
+    f.add_argument("--seed", type=int, default=0, help="any integer")
+    f.add_argument(
+        "--out", default="kvspec-reports", help="report folder (written only on a finding; checked writable first)"
+    )
     f.add_argument("--relation", default="exact", help="equality relation: exact, outcomes, invariants")
     f.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, nightly")
-    f.add_argument("--step-timeout", type=float, default=10.0, help="seconds one target call may take")
-    f.add_argument("--batch", type=int, default=10, help="examples per family before rotating")
-    f.add_argument("--shrink-seconds", type=int, default=10, help="time bound for Hypothesis' shrinking of a finding")
+    f.add_argument(
+        "--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)"
+    )
+    f.add_argument("--batch", type=int, default=10, help="examples per family before rotating (>= 1)")
+    f.add_argument(
+        "--shrink-seconds",
+        type=int,
+        default=10,
+        help="time bound for Hypothesis' shrinking of a finding (0..86400; also capped by the time --seconds leaves)",
+    )
     f.add_argument(
         "--reduce-seconds",
         type=float,
         default=15.0,
-        help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off",
+        help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off "
+        "(0..86400; also capped by the time --seconds leaves)",
     )
     f.add_argument(
         "--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)"
@@ -64,16 +86,35 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
-        help="N processes, one Hypothesis engine each, on the one database; the first finding stops all",
+        help="N processes (1..256), one Hypothesis engine each, on the one database; the first finding stops all",
     )
     f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
-    r = sub.add_parser("replay", help="replay traces (files or folders); exit 1 if any departs from its record")
-    r.add_argument("paths", nargs="+")
-    r.add_argument("--target", default=None, help="replay on this target instead of the recorded one")
+    r = sub.add_parser(
+        "replay",
+        help="replay traces (files or folders); exit 1 if any departs from its record, 2 on a bad file",
+        description="Replay traces: exit 0 if every one behaves as recorded, 1 if one departs from its record, "
+        "2 on bad usage or a bad trace file.  A folder is walked for kvspec traces (*.json files with a "
+        "'kvspec_trace' field; other .json files are skipped and listed, hidden folders and virtualenvs not "
+        "entered).  A trace is data: its recorded target is used only if it is built in (spec, impl, vllm, "
+        "mutant:NAME); a recorded package.module:factory needs --target or --trust-trace-target.",
+    )
+    r.add_argument("paths", nargs="+", help="trace files, or folders holding them")
+    r.add_argument(
+        "--target",
+        default=None,
+        help="replay on this target (spec, vllm, impl, mutant:NAME or package.module:factory) "
+        "instead of the one each trace records",
+    )
+    r.add_argument(
+        "--trust-trace-target",
+        action="store_true",
+        help="use a trace's recorded package.module:factory target: imports and calls code the trace file "
+        "names, so only for trace files you trust (without it such a trace is refused, exit 2)",
+    )
     r.add_argument("--step-timeout", type=float, default=10.0)
     r.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per trace")
-    rp = sub.add_parser("report", help="print the report of a trace")
-    rp.add_argument("path")
+    rp = sub.add_parser("report", help="print the report of a trace; exit 2 on a bad file")
+    rp.add_argument("path", help="a trace file, or a report folder holding trace.json")
     sub.add_parser("prove", help="run the Z3 proofs", add_help=False)
     sub.add_parser(
         "pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False
@@ -136,54 +177,169 @@ def _restored_environ(*names: str) -> Iterator[None]:
 
 
 def fuzz(args: argparse.Namespace) -> int:
+    """``kvspec fuzz``: every option checked before any work (``UsageError``, exit 2), then the run with
+    SIGINT and SIGTERM handled (``harness.fuzzing.SIGNALS``: a clean stop that keeps a finding), then the
+    summary and the report (``finish_fuzz``)."""
+    from harness.fuzzing import SIGNALS, FuzzResult, Interrupted, finish_fuzz
+
+    families = _check_fuzz_options(args)
+    _set_fuzz_environ(args)
+    tty = sys.stderr.isatty()
+    with SIGNALS.installed():
+        try:
+            with SIGNALS.armed():
+                factory = _load_fuzz_target(args)
+            workers = f", {args.workers} workers" if args.workers > 1 else ""
+            print(
+                f"kvspec fuzz: target {args.target}, families {','.join(families)}, up to {args.seconds:g}s, "
+                f"seed {args.seed}{workers}; reports to {args.out}",
+                file=sys.stderr,
+                flush=True,
+            )
+            res = _run_fuzz(args, families, factory, tty)
+        except Interrupted as e:  # while the target was loading
+            res = FuzzResult(interrupted=e.signum)
+        if tty:
+            print(file=sys.stderr)
+        return finish_fuzz(args, families, res, verbose=tty or args.stats)
+
+
+def _run_fuzz(args: argparse.Namespace, families: list[str], factory: Any, tty: bool) -> Any:
+    """One process (a progress line on a terminal) or ``--workers`` processes; the ``FuzzResult``."""
+    from harness.fuzzing import progress_line, run_fuzz
+
+    if args.workers > 1:
+        from harness.workers import fuzz_workers
+
+        return fuzz_workers(args, families, progress=tty)
+    last = [0.0]
+
+    def on_batch(r: Any, elapsed: float) -> None:
+        if tty and elapsed - last[0] > 0.5:
+            last[0] = elapsed
+            print(progress_line(elapsed, r, families), end="", file=sys.stderr, flush=True)
+
+    def announce(line: str) -> None:
+        print(("\n" if tty else "") + line, file=sys.stderr, flush=True)
+
+    return run_fuzz(args, families, factory, on_batch=on_batch, bounded=True, announce=announce)
+
+
+def _check_fuzz_options(args: argparse.Namespace) -> list[str]:
+    """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
     from harness.equality import RELATIONS
     from harness.families import parse_families
-    from harness.fuzzing import finish_fuzz, fuzz_factory, progress_line, run_fuzz
     from harness.profiles import check_database, profile_settings
-    from harness.targets import TargetLoadError
 
+    _check_numbers(args, FUZZ_NUMBERS)
     try:
         families = parse_families(args.family)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.relation not in RELATIONS:
         raise UsageError(f"unknown relation {args.relation!r} (known: {', '.join(RELATIONS)})")
-    if args.seconds <= 0:
-        raise UsageError("--seconds must be > 0")
-    if args.workers < 1:
-        raise UsageError("--workers must be >= 1")
     try:
         check_database(args.db)
         profile_settings(args.profile)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if not args.out:
+        raise UsageError("--out '': an empty path; name the report folder")
+    _check_writable_folder("--out", args.out, args.out)
+    if args.junit_xml is not None:
+        if not args.junit_xml or Path(args.junit_xml).is_dir():
+            raise UsageError(f"--junit-xml {args.junit_xml!r}: not a file name (empty, or a folder)")
+        _check_writable_folder("--junit-xml", str(Path(args.junit_xml).parent), args.junit_xml)
+    return families
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """The values a numeric option accepts: finite, ``> low`` (``low_open``) or ``>= low``, and ``<= high``."""
+
+    option: str
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """None if ``value`` is accepted, else the message naming the option, the rule and the value."""
+        above = value > self.low if self.low_open else value >= self.low
+        if math.isfinite(value) and above and value <= self.high:
+            return None
+        rule = f"{'>' if self.low_open else '>='} {self.low:.15g}"
+        if self.high < math.inf:
+            rule += f" and <= {self.high:.15g}"
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        return f"{self.option} must be {rule} ({kind}), got {value!r}"
+
+
+DAY = 86_400
+# Every numeric option of ``fuzz`` (``--seed`` takes any integer).
+FUZZ_NUMBERS = (
+    NumberRange("--seconds", 0, low_open=True),
+    NumberRange("--step-timeout", 0, DAY, low_open=True),
+    NumberRange("--batch", 1, 1_000_000),
+    NumberRange("--shrink-seconds", 0, DAY),
+    NumberRange("--reduce-seconds", 0, DAY),
+    NumberRange("--workers", 1, 256),
+)
+
+
+def _check_numbers(args: argparse.Namespace, table: tuple[NumberRange, ...]) -> None:
+    for r in table:
+        problem = r.problem(getattr(args, r.option[2:].replace("-", "_")))
+        if problem is not None:
+            raise UsageError(problem)
+
+
+def _check_writable_folder(option: str, folder: str, shown: str) -> None:
+    """``folder`` is a folder this process can write in, or can create: it is made (with its missing
+    parents), a temp file is written in it and removed, and the folders made for the check are removed
+    again (nothing is left behind).  ``UsageError`` names ``option``, the path as given (``shown``)
+    and the problem."""
+    path = Path(folder)
+    try:
+        chain = [path, *path.parents]
+        missing = [p for p in chain if not p.exists()]  # deepest first
+        blocker = next((p for p in chain if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise UsageError(f"{option} {shown!r}: {blocker} is a file, not a folder")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+        finally:
+            for p in missing:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+    except OSError as e:
+        raise UsageError(f"{option} {shown!r}: cannot create it or write in it: {e.strerror or e}") from None
+    except ValueError as e:  # a NUL in the path
+        raise UsageError(f"{option} {shown!r}: not a usable path: {e}") from None
+
+
+def _set_fuzz_environ(args: argparse.Namespace) -> None:
+    """Options the worker processes (and the lockstep) read from the environment; ``main`` restores it."""
     if args.db:
         os.environ["KVSPEC_DB"] = args.db  # this process' profiles, and the workers it starts
     if args.no_ledger:
         os.environ["KVSPEC_LEDGER"] = "0"  # harness.lockstep.ledger_enabled, here and in the workers
     if args.strict_known:
         os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.known_bugs.strict_known, likewise
+
+
+def _load_fuzz_target(args: argparse.Namespace) -> Any:
+    """The target factory ``--target`` names; ``UsageError`` when it cannot be loaded (also when loading
+    it raises ``SystemExit``)."""
+    from harness.fuzzing import fuzz_factory
+    from harness.targets import TargetLoadError
+
     try:
-        factory = fuzz_factory(args)
+        return fuzz_factory(args)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
-    tty = sys.stderr.isatty()
-    if args.workers > 1:
-        from harness.workers import fuzz_workers
-
-        res = fuzz_workers(args, families, progress=tty)
-    else:
-        last = [0.0]
-
-        def on_batch(r: Any, elapsed: float) -> None:
-            if tty and elapsed - last[0] > 0.5:
-                last[0] = elapsed
-                print(progress_line(elapsed, r, families), end="", file=sys.stderr, flush=True)
-
-        res = run_fuzz(args, families, factory, on_batch=on_batch)
-    if tty:
-        print(file=sys.stderr)
-    return finish_fuzz(args, families, res, verbose=tty or args.stats)
 
 
 # --- pd ----------------------------------------------------------------------------------------------
@@ -202,27 +358,26 @@ def pd_cmd(argv: list[str]) -> int:
 def replay_cmd(args: argparse.Namespace) -> int:
     from harness.mutants import resolve_target
     from harness.ops import TraceFormatError
-    from harness.replay import replay
+    from harness.replay import UntrustedTarget, replay, replay_target
     from harness.targets import TargetLoadError
-    from harness.trace import find_traces, read_trace
+    from harness.trace import find_traces
 
+    if not 0 <= args.step_timeout <= 86400:  # NaN too
+        raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")
+    # Every file is read and every target chosen and loaded before anything runs.
     try:
-        paths = find_traces(args.paths)
-        traces = [(p, read_trace(p)) for p in paths]
-    except TraceFormatError as e:
+        found = find_traces(args.paths)
+        traces = [(p, t, replay_target(t, p, args.target, args.trust_trace_target)) for p, t in found.traces]
+        factories = {name: resolve_target(name) for name in dict.fromkeys(name for _, _, name in traces)}
+    except (TraceFormatError, UntrustedTarget, TargetLoadError) as e:
         raise UsageError(str(e)) from None
-    factories: dict[str, object] = {}
+    for p, why in found.skipped:
+        print(f"kvspec replay: skipped {p}: {why}", file=sys.stderr)
     bad = 0
     cases = []
-    for p, trace in traces:
-        name = args.target or trace.target_name
-        if name not in factories:
-            try:
-                factories[name] = resolve_target(name)
-            except TargetLoadError as e:
-                raise UsageError(str(e)) from None
+    for p, trace, name in traces:
         t0 = time.monotonic()
-        result = replay(trace, factories[name], args.step_timeout)  # type: ignore[arg-type]
+        result = replay(trace, factories[name], args.step_timeout)
         print(f"{'ok  ' if result.ok else 'FAIL'} {p}: {result.message}")
         bad += not result.ok
         cases.append((str(p), name, time.monotonic() - t0, result))

@@ -14,6 +14,8 @@ from harness.observation import Observation
 @dataclass
 class Finding:
     # divergence | invariant | kv-ledger | kv-mismatch | target-raised | target-hung |
+    # target-malformed (an outcome or observation not in its documented form, harness.outcome_schema) |
+    # target-memory (MemoryError, or growth past KVSPEC_TARGET_MEMORY_MB, harness.memory_guard) |
     # reference-raised | reference-invariant
     kind: str
     step: int | None

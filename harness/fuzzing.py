@@ -1,24 +1,128 @@
 """The fuzzing loop behind ``kvspec fuzz``: rotate the families, run one Hypothesis batch per turn,
-stop at the deadline, at the first finding, or when told to (``should_stop``).
+stop at the deadline, at the first finding, on SIGINT or SIGTERM, or when told to (``should_stop``).
 
 ``run_fuzz`` is what one process does; ``harness.workers`` runs it in N processes on the one example
 database.  ``finish_fuzz`` prints the summary, writes the one report (and the JUnit XML), and
 returns the exit status.  Batch ``b`` of worker ``i`` of ``n`` runs family ``(b + i) % F`` with seed
 ``seed * 1_000_003 + b * n + i``, so one worker reproduces the single-process run exactly.
+
+Time: with ``bounded`` (``kvspec fuzz``), ``--seconds`` bounds the whole run.  The time left at the
+first finding is shared between Hypothesis' shrinking and the trace reduction in the ratio of
+``--shrink-seconds`` to ``--reduce-seconds`` (each still at most its own bound), so the run ends
+within ``--seconds`` plus the batch under way, the last replay and the writing of the report (a
+few seconds).  Signals: ``SIGNALS`` (installed by the CLI and in each worker) turns SIGINT and SIGTERM
+into a clean stop that keeps the smallest failing trace recorded so far (``RunStats.best``, or the
+reducer's current trace) and exits ``128 + signal`` (130, 143).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
+import tempfile
+import threading
 import time
 import unittest
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FOUND = 0, 1
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during ``kvspec fuzz`` (raised by ``StopSignals.poll`` inside an example, or by
+    the handler while a target loads).  A ``KeyboardInterrupt``, so Hypothesis neither takes it for a
+    failure nor shrinks it: it stops."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class StopSignals:
+    """SIGINT and SIGTERM while ``kvspec fuzz`` runs (installed in the main thread only).
+
+    The handler only keeps the first signal in ``signum`` (later ones are ignored, so a second Ctrl-C
+    cannot break the writing of the report).  The run stops at safe points: the state machine calls
+    ``poll`` before every operation (Hypothesis then stops, generating or shrinking), the reducer and
+    the fuzzing loop check ``signum``.  Only inside ``armed()`` (a target loading: an import may take
+    long) does the handler raise ``Interrupted`` itself.  Raising from the handler anywhere else could
+    land in Hypothesis' own code or in a gc callback, where Python swallows it ("Exception ignored")
+    and the run would go on; such a swallowed ``Interrupted`` is not printed (``sys.unraisablehook``)."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._armed = False
+        self._saved: dict[int, Any] = {}
+        self._saved_hook: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if self._armed:
+            raise Interrupted(signum)
+
+    def _unraisable(self, info: Any) -> None:
+        if not isinstance(info.exc_value, Interrupted):
+            (self._saved_hook or sys.__unraisablehook__)(info)
+
+    def poll(self) -> None:
+        """Raise ``Interrupted`` if a signal came (called where stopping is safe)."""
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    def install(self) -> None:
+        """Handle the signals from now on (a worker process does so for its lifetime)."""
+        self.signum, self._armed = None, False
+        if threading.current_thread() is threading.main_thread() and not self._saved:
+            for s in self.HANDLED:
+                self._saved[s] = signal.signal(s, self._handle)
+            self._saved_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+    def restore(self) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if self._saved:
+            sys.unraisablehook = self._saved_hook
+        self._saved.clear()
+        self.signum, self._armed = None, False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        self.install()
+        try:
+            yield self
+        finally:
+            self.restore()
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        """Raise ``Interrupted`` at once on a signal inside this block (at entry if one came already)."""
+        self.poll()
+        was, self._armed = self._armed, True
+        try:
+            yield
+        finally:
+            self._armed = was
+
+
+SIGNALS = StopSignals()
 
 
 @dataclass
@@ -40,6 +144,7 @@ class FuzzResult:
     shrunk_steps: int | None = None  # the finding's length after Hypothesis' shrinking, before reduction
     known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
     known_traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # known bug id -> its first trace
+    interrupted: int | None = None  # the signal that stopped the run (the trace, if any: the smallest so far)
 
     def add(self, other: FuzzResult) -> None:
         """Merge another worker's counts (not its finding)."""
@@ -56,10 +161,17 @@ class FuzzResult:
 
 
 def fuzz_factory(args: argparse.Namespace) -> Callable[[], Any]:
-    """``--target`` resolved (``TargetLoadError`` if it cannot be), wrapped in the oracle with ``--kv-check``."""
+    """``--target`` resolved (``TargetLoadError`` if it cannot be, also when loading it raises
+    ``SystemExit``), wrapped in the oracle with ``--kv-check``."""
     from harness.mutants import resolve_target
+    from harness.targets import TargetLoadError
 
-    factory = resolve_target(args.target)
+    try:
+        factory = resolve_target(args.target)
+    except (TargetLoadError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit from a user's module or factory must not end kvspec
+        raise TargetLoadError(f"target {args.target!r}: loading it raised {type(e).__name__}: {e}") from None
     if not args.kv_check:
         return factory
     from harness.oracle import KVCheckTarget
@@ -79,14 +191,18 @@ def run_fuzz(
     should_stop: Callable[[], bool] | None = None,
     on_batch: Callable[[FuzzResult, float], None] | None = None,
     settings_overrides: dict[str, Any] | None = None,
+    bounded: bool = False,
+    announce: Callable[[str], None] | None = None,
 ) -> FuzzResult:
-    """Fuzz until the deadline (``args.seconds``), a finding, or ``should_stop()``.
-    ``settings_overrides`` go to the profile's Hypothesis settings (e.g. ``database=None``)."""
+    """Fuzz until the deadline (``args.seconds``), a finding, a signal (``SIGNALS``, where installed),
+    or ``should_stop()``.  ``settings_overrides`` go to the profile's Hypothesis settings (e.g.
+    ``database=None``).  ``bounded``: the deadline bounds shrinking and reduction too (``kvspec fuzz``;
+    the mutant campaign's budget is the time to find).  ``announce`` gets one line at the first finding."""
     from harness.machine import RunStats, make_machine, run_machine
     from harness.profiles import generates, profile_settings
     from harness.trace import Trace, trace_to_json
 
-    stats = RunStats()
+    stats = RunStats(poll=SIGNALS.poll)
     machines = {
         fam: make_machine(fam, factory, args.target, args.relation, stats, args.step_timeout, kv_check=args.kv_check)
         for fam in families
@@ -95,11 +211,15 @@ def run_fuzz(
     start = time.monotonic()
     stats.started = start
     deadline = start + args.seconds
+    if bounded:
+        stats.deadline, stats.shrink_share = deadline, _shrink_share(args)
+    if announce is not None:
+        stats.on_finding = lambda finding, bound: announce(_found_line(finding, stats, bound, args, bounded))
     # The replay profile only re-runs the database's examples: one turn per family is all there is.
     last_batch = None if generates(args.profile) else len(families)
     batch = 0
     while time.monotonic() < deadline and res.trace is None and res.stopped is None and batch != last_batch:
-        if should_stop is not None and should_stop():
+        if (should_stop is not None and should_stop()) or SIGNALS.signum is not None:
             break
         fam = families[(batch + worker) % len(families)]
         seed = args.seed * 1_000_003 + batch * workers + worker
@@ -115,19 +235,15 @@ def run_fuzz(
         except unittest.SkipTest as e:  # the replay profile with nothing stored for this machine is no run at all
             if last_batch is None:
                 res.found_family, res.stopped = fam, f"SkipTest: {e}"
+        except Interrupted as e:  # while generating or shrinking: the smallest failing trace so far, as it is
+            res.interrupted = e.signum
+            _keep_finding(res, stats, args, seed, fam, factory, None)
         except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
             if isinstance(e, KeyboardInterrupt):
                 raise
             res.found_family = fam
-            trace = finding_trace(stats, args.target, seed, args.profile, fam, args.relation)
-            if trace is None or stats.finding is None:
+            if not _keep_finding(res, stats, args, seed, fam, factory, deadline if bounded else None):
                 res.stopped = f"{type(e).__name__}: {e}"
-            else:
-                res.shrunk_steps = len(trace.steps)
-                trace, finding = reduce_finding(trace, stats.finding, factory, args)
-                res.trace = trace_to_json(trace)
-                res.summary = finding.summary()
-                res.first_finding_after = stats.first_finding_after
         res.batches[fam] += 1
         res.family_time[fam] = res.family_time.get(fam, 0.0) + time.monotonic() - t0
         res.examples, res.steps = stats.examples, stats.steps
@@ -151,41 +267,115 @@ def run_fuzz(
         res.known_traces.setdefault(bug_id, trace_to_json(known))
     res.skipped = dict(stats.skipped)
     res.elapsed = time.monotonic() - start
+    if res.interrupted is None:
+        res.interrupted = SIGNALS.signum
     return res
 
 
-def reduce_finding(trace: Any, finding: Any, factory: Callable[[], Any], args: argparse.Namespace) -> tuple[Any, Any]:
+def _shrink_share(args: argparse.Namespace) -> float:
+    """The share of the time left at the first finding that shrinking may take (the rest: reduction)."""
+    shrink, reduce = float(args.shrink_seconds), float(getattr(args, "reduce_seconds", 0.0))
+    return shrink / (shrink + reduce) if shrink + reduce > 0 else 1.0
+
+
+def _found_line(finding: Any, stats: Any, shrink_bound: int, args: argparse.Namespace, bounded: bool) -> str:
+    """What ``announce`` prints at the first finding (tests and users wait for it)."""
+    after = stats.first_finding_after or 0.0
+    within = f", within --seconds {args.seconds:g}" if bounded else ""
+    return (
+        f"kvspec fuzz: found a failing example after {after:.1f}s ({finding.kind}); shrinking it for up to "
+        f"{shrink_bound}s, then reducing it for up to {float(getattr(args, 'reduce_seconds', 0.0)):g}s{within} "
+        "(SIGINT or SIGTERM: stop and write the smallest so far)"
+    )
+
+
+def _keep_finding(
+    res: FuzzResult,
+    stats: Any,
+    args: argparse.Namespace,
+    seed: int,
+    fam: str,
+    factory: Callable[[], Any],
+    deadline: float | None,
+) -> bool:
+    """Put the finding ``stats`` recorded into ``res``: after a signal (``res.interrupted``), the
+    smallest recorded so far, as it is; otherwise Hypothesis' shrunk one, reduced (within ``deadline``).
+    False when there is none."""
+    from harness.trace import trace_to_json
+
+    best = res.interrupted is not None
+    trace = finding_trace(stats, args.target, seed, args.profile, fam, args.relation, best=best)
+    if trace is None:
+        return False
+    res.found_family, res.shrunk_steps, res.first_finding_after = fam, len(trace.steps), stats.first_finding_after
+    finding = stats.best[0] if best else stats.finding
+    if not best:
+        trace, finding = reduce_finding(trace, finding, factory, args, deadline)
+    res.trace, res.summary = trace_to_json(trace), finding.summary()
+    return True
+
+
+def reduce_finding(
+    trace: Any, finding: Any, factory: Callable[[], Any], args: argparse.Namespace, deadline: float | None = None
+) -> tuple[Any, Any]:
     """The Hypothesis-shrunk finding reduced further by replaying operations (``harness.reduce``)
-    for up to ``--reduce-seconds``; the trace unchanged when reduction is off or finds nothing smaller."""
+    for up to ``--reduce-seconds`` (and not past ``deadline``; a signal stops it with the smallest
+    trace so far); the trace unchanged when reduction is off or finds nothing smaller."""
     from harness.reduce import reduce_trace
 
-    seconds = getattr(args, "reduce_seconds", 0.0)
-    if seconds <= 0:
+    seconds = float(getattr(args, "reduce_seconds", 0.0))
+    if deadline is not None:
+        seconds = min(seconds, deadline - time.monotonic())
+    if seconds <= 0 or SIGNALS.signum is not None:
         return trace, finding
     try:
-        red = reduce_trace(trace.config, trace.ops, finding, factory, trace.relation, seconds, args.step_timeout)
-    except ValueError:  # the finding does not replay outside Hypothesis (a flaky target): keep it as shrunk
-        return trace, finding
+        red = reduce_trace(
+            trace.config,
+            trace.ops,
+            finding,
+            factory,
+            trace.relation,
+            seconds,
+            args.step_timeout,
+            should_stop=lambda: SIGNALS.signum is not None,
+        )
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - it does not replay outside Hypothesis (a flaky target, a factory
+        return trace, finding  # that raises, even SystemExit): keep it as shrunk
     trace.config, trace.steps, trace.finding = red.config, list(red.steps), red.finding.to_json()
     return trace, red.finding
 
 
-def finding_trace(stats: Any, target: str, seed: int | None, profile: str | None, family: str, relation: str) -> Any:
-    """The ``Trace`` of the finding ``stats`` recorded (None when the run stopped without one)."""
+def finding_trace(
+    stats: Any,
+    target: str,
+    seed: int | None,
+    profile: str | None,
+    family: str,
+    relation: str,
+    best: bool = False,
+) -> Any:
+    """The ``Trace`` of the finding ``stats`` recorded last (``best``: the shortest so far); None when
+    the run stopped without one."""
     from harness.trace import Trace
 
-    if stats.finding is None or stats.finding_config is None:
+    if best and stats.best is not None:
+        finding, steps, config = stats.best
+    else:
+        finding, steps, config = stats.finding, stats.finding_steps, stats.finding_config
+    if finding is None or config is None:
         return None
     return Trace(
-        config=stats.finding_config,
-        steps=stats.finding_steps,
+        config=config,
+        steps=list(steps),
         target_name=target,
         target_version=stats.target_version,
         seed=seed,
         profile=profile,
         family=family,
         relation=relation,
-        finding=stats.finding.to_json(),
+        finding=finding.to_json(),
     )
 
 
@@ -198,10 +388,10 @@ def progress_line(elapsed: float, res: FuzzResult, families: list[str], workers:
 
 
 def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, verbose: bool) -> int:
-    """Print the coverage and the summary, write the one report and the JUnit XML; the exit status."""
-    from harness.report import write_report
-    from harness.trace import trace_from_json
-
+    """Print the coverage and the summary, write the one report and the JUnit XML; the exit status:
+    0 nothing found, 1 a finding (its report written, under ``--out`` or, failing that, under the
+    system temp dir), ``128 + signal`` after SIGINT (130) or SIGTERM (143), whether a report was
+    written or not; 2 when the JUnit XML cannot be written after all and nothing else failed."""
     if verbose:
         for fam in families:
             items = sorted((k.split(":", 1)[1], v) for k, v in res.events.items() if k.startswith(fam + ":"))
@@ -209,15 +399,11 @@ def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, 
     el = res.elapsed
     report = None
     if res.trace is not None:
-        trace = trace_from_json(res.trace)
-        report = write_report(args.out, trace)
+        report = _report_finding(args, res)
+    elif res.interrupted is not None:
         print(
-            f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
-            f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})"
-        )
-        print(
-            f"kvspec fuzz: report written to {report} after {el:.1f}s "
-            f"({len(trace.steps)} steps; replay with: kvspec replay {report})"
+            f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {el:.1f}s: no finding "
+            f"({res.steps} steps, {res.examples} examples, target {args.target}); no report written"
         )
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
@@ -227,32 +413,110 @@ def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, 
             f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(families)}"
         )
     _print_known(args, res)
-    if getattr(args, "junit_xml", None):
-        _write_fuzz_junit(args, families, res, report)
-    return EXIT_OK if res.trace is None and res.stopped is None else EXIT_FOUND
+    junit_ok = _write_fuzz_junit_safely(args, families, res, report)
+    if res.interrupted is not None:
+        return 128 + res.interrupted
+    if res.trace is not None or res.stopped is not None:
+        return EXIT_FOUND
+    return EXIT_OK if junit_ok else EXIT_USAGE
+
+
+def _report_finding(args: argparse.Namespace, res: FuzzResult) -> Path | None:
+    """Write the finding's report (``write_report_safely``) and say what was found and where."""
+    from harness.report import replay_command
+    from harness.trace import trace_from_json
+
+    assert res.trace is not None
+    trace = trace_from_json(res.trace)
+    report = write_report_safely(args.out, trace)
+    if res.interrupted is not None:
+        print(
+            f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {res.elapsed:.1f}s; FOUND {res.summary} "
+            f"(first failing example after {res.first_finding_after or 0:.1f}s; the smallest failing trace so far: "
+            f"{len(trace.steps)} steps)"
+        )
+    else:
+        print(
+            f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
+            f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})"
+        )
+    if report is not None:
+        print(
+            f"kvspec fuzz: report written to {report} after {res.elapsed:.1f}s "
+            f"({len(trace.steps)} steps; replay with: {replay_command(report, trace.target_name)})"
+        )
+    return report
+
+
+def write_report_safely(out: str | Path, trace: Any, name: str | None = None) -> Path | None:
+    """``write_report`` under ``out``; when that fails (disk full, the folder removed meanwhile), under a
+    fresh folder of the system temp dir, said loudly on stderr; when that fails too, the trace JSON is
+    printed on stdout.  A finding is never lost.  The path written, or None."""
+    from harness.report import write_report
+    from harness.trace import dumps_trace
+
+    try:
+        return write_report(out, trace, name=name)
+    except OSError as e:
+        error = f"{type(e).__name__}: {e}"
+    try:
+        fallback = Path(tempfile.mkdtemp(prefix="kvspec-reports-"))
+        os.chmod(fallback, 0o777 & ~_umask())  # readable like the report in it (mkdtemp makes it 0700)
+        path = write_report(fallback, trace, name=name)
+    except Exception as e:  # noqa: BLE001 - the last resort below still keeps the finding
+        print(
+            f"kvspec fuzz: ERROR: could not write the report under {out} ({error}) nor under the temp dir "
+            f"({type(e).__name__}: {e}); the trace follows, save it as trace.json to replay it:",
+            file=sys.stderr,
+        )
+        print(dumps_trace(trace))
+        return None
+    print(
+        f"kvspec fuzz: WARNING: could not write the report under {out} ({error}); wrote it to {path} instead",
+        file=sys.stderr,
+    )
+    return path
+
+
+def _umask() -> int:
+    """The process' umask (reading it means setting it: put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _print_known(args: argparse.Namespace, res: FuzzResult) -> None:
     """The known bugs met (they do not fail the run): hits, and one report each, written once."""
-    from pathlib import Path
-
     from harness.known_bugs import get_known_bug
-    from harness.report import write_report
     from harness.trace import trace_from_json
 
     for bug_id, hits in sorted(res.known.items()):
         bug = get_known_bug(bug_id)
         name = f"known-{bug.id}-{bug.name}"
-        where = Path(args.out) / name
-        if not where.exists() and bug_id in res.known_traces:
-            where = write_report(args.out, trace_from_json(res.known_traces[bug_id]), name=name)
+        where: Path | None = Path(args.out) / name
+        if bug_id in res.known_traces and not (Path(args.out) / name).exists():
+            where = write_report_safely(args.out, trace_from_json(res.known_traces[bug_id]), name=name)
         print(
             f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
         )
 
 
+def _write_fuzz_junit_safely(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> bool:
+    """The JUnit XML, if asked for; False (and said on stderr) when it cannot be written after all."""
+    path = getattr(args, "junit_xml", None)
+    if not path:
+        return True
+    try:
+        _write_fuzz_junit(args, families, res, report)
+    except OSError as e:
+        print(f"kvspec fuzz: ERROR: could not write the JUnit XML to {path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> None:
     from harness.junit import Case, write_junit
+    from harness.report import replay_command
 
     cls = f"kvspec.fuzz.{args.target}"
     cases = []
@@ -260,7 +524,8 @@ def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzRe
         t = res.family_time.get(fam, 0.0)
         if fam == res.found_family and (res.trace is not None or res.stopped is not None):
             msg = res.summary or f"the run stopped on {res.stopped}"
-            details = f"{msg}\nreport: {report}\nreplay: kvspec replay {report}\n" if report else msg
+            replay = replay_command(report, args.target) if report else ""
+            details = f"{msg}\nreport: {report}\nreplay: {replay}\n" if report else msg
             cases.append(
                 Case(
                     cls,

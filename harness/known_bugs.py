@@ -32,6 +32,7 @@ class KnownBug:
     reproduction: str  # the standalone reproduction in this repo
     report: str  # the upstream-ready report in this repo
     trigger: Callable[[dict[str, Any]], bool]  # over a ledger finding's signature
+    fix: str  # where the proposed fix is applied at run time
 
 
 def _candidate(name: str) -> Callable[[dict[str, Any]], bool]:
@@ -48,6 +49,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "tests/upstream/test_full_remote_load_window.py",
         "docs/upstream/full-remote-load-window.md",
         _candidate("window_full_remote_load"),
+        "manager: harness/fixes_vllm.py (--target vllm-fixed)",
     ),
     KnownBug(
         "K2",
@@ -58,6 +60,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "tests/upstream/test_invalid_block_recovery_window.py",
         "docs/upstream/invalid-block-recovery-window.md",
         _candidate("window_invalid_block_recovery"),
+        "scheduler: tests/upstream/test_invalid_block_recovery_window.py (real Scheduler)",
     ),
     KnownBug(
         "K3",
@@ -68,6 +71,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "tests/upstream/test_chunked_local_chunk_not_block_multiple.py",
         "docs/upstream/chunked-local-chunk-not-block-multiple.md",
         _candidate("chunk_not_block_multiple"),
+        "start-up check: harness/fixes_vllm.py (--target vllm-fixed)",
     ),
 )
 

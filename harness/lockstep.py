@@ -7,7 +7,10 @@ configured relation, the observations are compared, ``spec.invariants`` runs on 
 default: every read of a computed token holds its own KV) on the target's tables.  The first problem raises
 ``FindingError`` carrying a ``Finding``: the step, the operation, both outcomes, a one-sentence
 message and the smallest witness (the blocks and requests involved, before and after).  A target
-that raises or hangs is a finding too, never a harness crash.
+that raises or hangs is a finding too, never a harness crash; so is one whose outcome or observation
+does not have the documented form (``target-malformed``, checked by ``harness.outcome_schema`` as
+soon as the call returns), and one that runs out of memory or grows past ``KVSPEC_TARGET_MEMORY_MB``
+(``target-memory``, ``harness.memory_guard``).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections import Counter
 from typing import Any
 
 from harness import ops as O
+from harness import outcome_schema as S
 from harness.equality import get_relation, observation_differences, outcome_difference
 from harness.finding import Finding, FindingError, StepTimeout, call_with_timeout, obs_to_json
 from harness.known_bugs import match_known_bug
 from harness.known_bugs import strict_known as is_strict_known
 from harness.ledger import LedgerChecker
 from harness.ledger_finding import LedgerFinding
+from harness.memory_guard import MemoryGuard, bound_from_env, memory_error_message
 from harness.obs_invariants import EventLedger, ObsContext, check_observation
 from harness.observation import Observation
 from harness.targets.base import Target, Unsupported
@@ -44,7 +49,8 @@ class Lockstep:
 
     ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``); ``strict_known``: a ledger
     finding that matches a known bug (``harness.known_bugs``) is a finding too, not only counted (None:
-    ``KVSPEC_STRICT_KNOWN``)."""
+    ``KVSPEC_STRICT_KNOWN``); ``memory_mb``: the target's memory growth bound in MiB (None:
+    ``KVSPEC_TARGET_MEMORY_MB``; 0: off)."""
 
     def __init__(
         self,
@@ -55,6 +61,7 @@ class Lockstep:
         check_spec_invariants: bool = True,
         ledger: bool | None = None,
         strict_known: bool | None = None,
+        memory_mb: float | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -76,6 +83,7 @@ class Lockstep:
         self.strict_known = is_strict_known() if strict_known is None else strict_known
         self.known_hits: Counter[str] = Counter()  # known bug id -> ledger findings matching it
         self.known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]]]] = {}
+        self.memory = MemoryGuard(bound_from_env() if memory_mb is None else (memory_mb or None))
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -87,9 +95,11 @@ class Lockstep:
             raise FindingError(
                 Finding("target-hung", None, f"reset() did not return within {self.step_timeout}s")
             ) from None
-        except Unsupported:
+        except MemoryError as e:
+            raise FindingError(Finding("target-memory", None, memory_error_message("reset()", e))) from None
+        except (Unsupported, KeyboardInterrupt):
             raise
-        except Exception as e:
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a target is a finding, not an exit
             raise FindingError(
                 Finding(
                     "target-raised", None, f"reset() raised {type(e).__name__}: {e}", traceback=traceback.format_exc()
@@ -97,6 +107,7 @@ class Lockstep:
             ) from None
         self.ref_obs = self.ref.observe() if self.ref is not None else None
         self.tgt_obs = self._observe_target(None, None)
+        self.memory.start()
         if self.kv_ledger is not None:
             self.kv_ledger.start(self.tgt_obs)
 
@@ -138,7 +149,14 @@ class Lockstep:
                     expected=ref_out,
                 )
             ) from None
-        except Exception as e:
+        except MemoryError as e:
+            self.steps.append((op, ref_out))
+            raise FindingError(
+                Finding("target-memory", i, memory_error_message("the target", e), O.op_to_json(op), expected=ref_out)
+            ) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a target is a finding, not an exit
             self.steps.append((op, ref_out))
             kv = getattr(e, "finding", None)
             if kv is not None and hasattr(kv, "to_markdown"):  # harness.oracle.KVMismatch
@@ -165,7 +183,12 @@ class Lockstep:
                     traceback=traceback.format_exc(),
                 )
             ) from None
+        bad = S.outcome_problem(op, tgt_out, len(self.config.groups), self.config.num_blocks)
+        if bad is not None:
+            self.steps.append((op, ref_out))
+            raise self._malformed(i, op, f"the outcome of {op.op}", S.form_of(op), bad, S.short_repr(tgt_out))
         self.steps.append((op, ref_out if self.ref is not None else tgt_out))
+        self._check_memory(i, op, ref_out, tgt_out)
         if self.relation.compare_outcomes:
             diff = outcome_difference(ref_out, tgt_out)
             if diff is not None:
@@ -284,8 +307,9 @@ class Lockstep:
         self.kv_ledger = None
 
     def _observe_target(self, i: int | None, op: O.Op | None) -> Observation:
+        """The target's observation, checked for its form (``harness.outcome_schema``)."""
         try:
-            return call_with_timeout(self.target.observe, self.step_timeout)  # type: ignore[no-any-return]
+            obs = call_with_timeout(self.target.observe, self.step_timeout)
         except StepTimeout:
             raise FindingError(
                 Finding(
@@ -294,6 +318,10 @@ class Lockstep:
                     f"observe() did not return within {self.step_timeout}s",
                     O.op_to_json(op) if op else None,
                 )
+            ) from None
+        except MemoryError as e:
+            raise FindingError(
+                Finding("target-memory", i, memory_error_message("observe()", e), O.op_to_json(op) if op else None)
             ) from None
         except Exception as e:
             raise FindingError(
@@ -305,6 +333,33 @@ class Lockstep:
                     traceback=traceback.format_exc(),
                 )
             ) from None
+        bad = S.observation_problem(obs, len(self.config.groups), self.config.num_blocks)
+        if bad is not None:
+            raise self._malformed(i, op, "observe()", S.OBSERVATION_FORM, bad, bad.got)
+        return obs  # type: ignore[no-any-return]
+
+    def _malformed(
+        self, i: int | None, op: O.Op | None, what: str, form: str, bad: S.Malformed, got: str
+    ) -> FindingError:
+        """A ``target-malformed`` finding: ``what`` departs from its documented form (``harness/targets/base.py``)."""
+        return FindingError(
+            Finding(
+                "target-malformed",
+                i,
+                f"{what} does not have the documented form: {bad.sentence()}",
+                O.op_to_json(op) if op else None,
+                expected=form,
+                actual=got,
+            )
+        )
+
+    def _check_memory(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any) -> None:
+        """The target's growth bound (``KVSPEC_TARGET_MEMORY_MB``), read every few steps."""
+        grown = self.memory.growth(i)
+        if grown is not None:
+            raise FindingError(
+                Finding("target-memory", i, self.memory.message(grown), O.op_to_json(op), ref_out, tgt_out)
+            )
 
     def _check_spec_invariants(
         self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_ref: Any, before_tgt: Any

@@ -12,7 +12,10 @@ failures of exactly that combination first.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +56,42 @@ class RunStats:
     first_finding_after: float | None = None  # seconds to the first failing example (before shrinking)
     known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
     known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig]] = field(default_factory=dict)
+    # The shortest failing trace recorded so far (shrinking keeps improving it): what an interrupted
+    # run reports (``harness.fuzzing``).
+    best: tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig] | None = None
+    deadline: float | None = None  # time.monotonic() by which shrinking must be over (``kvspec fuzz --seconds``)
+    shrink_share: float = 1.0  # the share of the time left before ``deadline`` that shrinking may take
+    on_finding: Callable[[Finding, int], None] | None = None  # called at the first finding, with the shrink bound
+    poll: Callable[[], None] | None = None  # called before every operation; raises to stop (a signal came)
+
+
+def _record_finding(
+    stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig
+) -> None:
+    """Keep ``finding`` as the latest (what Hypothesis' final replay of the shrunk example leaves) and,
+    when no longer than the best so far, as the best; the first one caps shrinking (``_cap_shrinking``)."""
+    first = stats.finding is None
+    if stats.first_finding_after is None:
+        stats.first_finding_after = time.monotonic() - stats.started
+    stats.finding, stats.finding_steps, stats.finding_config = finding, steps, config
+    if stats.best is None or len(steps) <= len(stats.best[1]):
+        stats.best = (finding, steps, config)
+    if first:
+        bound = _cap_shrinking(stats)
+        if stats.on_finding is not None:
+            stats.on_finding(finding, bound)
+
+
+def _cap_shrinking(stats: RunStats) -> int:
+    """Hypothesis starts shrinking right after the first failing example and reads its bound
+    (``MAX_SHRINKING_SECONDS``, set by ``_run``) then: cut it to ``stats.shrink_share`` of the time left
+    before ``stats.deadline`` (rounded up to whole seconds); return the bound."""
+    from hypothesis.internal.conjecture import engine
+
+    if stats.deadline is not None:
+        left = max(0.0, stats.deadline - time.monotonic()) * stats.shrink_share
+        engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, math.ceil(left))
+    return engine.MAX_SHRINKING_SECONDS
 
 
 def _when(name: str) -> Callable[[Any], bool]:
@@ -70,20 +109,43 @@ class DrawChoices:
     def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int:
         if hi <= lo:
             return lo
-        strat = near_multiples(boundary, lo, hi) if boundary else st.integers(lo, hi)
-        return int(self.data.draw(strat, label=label))
+        return int(self.data.draw(_integers(lo, hi, boundary or 0), label=label))
 
     def boolean(self, label: str) -> bool:
-        return bool(self.data.draw(st.booleans(), label=label))
+        return bool(self.data.draw(_BOOLEANS, label=label))
 
     def token(self, label: str) -> int:
-        return int(self.data.draw(st.sampled_from(ALPHABET), label=label))
+        return int(self.data.draw(_TOKEN, label=label))
 
     def tokens(self, n: int, label: str) -> tuple[int, ...]:
-        return tuple(self.data.draw(st.lists(st.sampled_from(ALPHABET), min_size=n, max_size=n), label=label))
+        return tuple(self.data.draw(_tokens(n), label=label))
 
     def choice(self, options: Sequence[T], label: str) -> T:
-        return self.data.draw(st.sampled_from(options), label=label)  # type: ignore[no-any-return]
+        small = len(options) <= 64 and all(isinstance(o, (int, str)) for o in options)
+        strat = _sampled(tuple(options)) if small else st.sampled_from(options)
+        return self.data.draw(strat, label=label)  # type: ignore[no-any-return]
+
+
+# Strategies are built once per shape: Hypothesis validates each new strategy object on its first
+# draw, which cost more than the draw itself when a fresh one was built for every choice (profile
+# of ``kvspec fuzz``; ``python -m harness.bench lockstep``).  Same strategies, same choice sequences.
+_BOOLEANS = st.booleans()
+_TOKEN = st.sampled_from(ALPHABET)
+
+
+@functools.lru_cache(maxsize=4096)
+def _integers(lo: int, hi: int, boundary: int) -> st.SearchStrategy[int]:
+    return near_multiples(boundary, lo, hi) if boundary else st.integers(lo, hi)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    return st.sampled_from(options)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tokens(n: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(_TOKEN, min_size=n, max_size=n)
 
 
 class KVMachine(RuleBasedStateMachine):
@@ -110,6 +172,8 @@ class KVMachine(RuleBasedStateMachine):
 
     def _emit(self, op: O.Op) -> Any:
         assert self.ls is not None
+        if self.stats.poll is not None:
+            self.stats.poll()  # a KeyboardInterrupt: Hypothesis stops at once, even while shrinking
         self.stats.steps += 1
         return self._lockstep_call(self.ls.apply, op)
 
@@ -129,11 +193,23 @@ class KVMachine(RuleBasedStateMachine):
 
     def _record(self, finding: Finding) -> None:
         assert self.ls is not None
-        if self.stats.first_finding_after is None:
-            self.stats.first_finding_after = time.monotonic() - self.stats.started
-        self.stats.finding = finding
-        self.stats.finding_steps = list(self.ls.steps)
-        self.stats.finding_config = self.ls.config
+        _record_finding(self.stats, finding, list(self.ls.steps), self.ls.config)
+
+    def _new_target(self, config: KVCacheConfig) -> Target:
+        """A fresh target; a factory that raises (even ``SystemExit``) is a ``target-raised`` finding at setup."""
+        try:
+            return type(self).target_factory()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a user's factory must not end kvspec
+            finding = Finding(
+                "target-raised",
+                None,
+                f"the target factory raised {type(e).__name__}: {e}",
+                traceback=traceback.format_exc(),
+            )
+            _record_finding(self.stats, finding, [], config)
+            raise FindingError(finding) from None
 
     def _table(self, rid: str) -> tuple[int, ...]:
         assert self.ls is not None and self.ls.tgt_obs is not None
@@ -148,6 +224,8 @@ class KVMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
+        if self.stats.poll is not None:
+            self.stats.poll()
         config = data.draw(configs(self.family), label="config")
         features = workload_features(self.family)
         if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
@@ -156,7 +234,7 @@ class KVMachine(RuleBasedStateMachine):
             )
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, features=features)
-        target = type(self).target_factory()
+        target = self._new_target(config)
         self.stats.target_version = str(getattr(target, "version", ""))
         self.ls = Lockstep(config, target, self.relation, self.step_timeout)
         self._lockstep_call(self.ls.start, at_reset=True)
@@ -238,7 +316,8 @@ def run_machine(
     """Run the machine as one Hypothesis test; raises (after shrinking) on a finding.
 
     Shrinking is bounded by ``shrink_seconds`` (Hypothesis' own bound is 300 s, an internal
-    constant with no setting; it is lowered here for the duration of the run).  A family the
+    constant with no setting; it is lowered here for the duration of the run), and further by
+    ``stats.deadline`` when set (``_cap_shrinking``).  A family the
     target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
     vLLM 0.33) is skipped: recorded in ``stats.skipped`` and as the event
     ``family:unsupported_at_reset``, and not run again.

@@ -173,12 +173,28 @@ def make_mutant(name: str) -> MutantTarget:
     return MutantTarget(name)
 
 
+def is_builtin_target(name: str) -> bool:
+    """Does ``resolve_target`` resolve ``name`` by registry lookup alone: a built-in target of
+    ``harness.targets`` (``spec``, ``vllm``, ``impl``), ``vllm-fixed``, or ``mutant:NAME`` (looked up
+    in the mutant catalogues; an unknown one is a ``TargetLoadError``)?  Any other name is
+    ``package.module:factory``: code that resolving it imports and calls, which ``kvspec replay``
+    takes from the command line only, never from a trace file."""
+    from harness.targets import is_builtin
+
+    return is_builtin(name) or name == "vllm-fixed" or name.startswith("mutant:")
+
+
 def resolve_target(name: str) -> Callable[[], Any]:
     """``--target`` as the CLI reads it: ``mutant:NAME`` names a deliberate bug of this catalogue
     (a spec mutant above, or an ``impl`` allocator mutant of ``harness.mutants_impl``); any other
     name goes to the production registry ``harness.targets``."""
     from harness.targets import TargetLoadError, check_target, target_factory
 
+    if name == "vllm-fixed":  # vLLM with the proposed fixes of known bugs (harness.fixes_vllm)
+        target_factory("vllm")  # says why when vLLM 0.33.0 is not installed
+        from harness.fixes_vllm import make_target
+
+        return make_target
     if not name.startswith("mutant:"):
         return target_factory(name)
     from harness import mutants_impl, mutants_vllm

@@ -11,6 +11,9 @@ tag, ints, strings, lists and ``null``; bytes never appear in an operation.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -245,6 +248,117 @@ class TraceFormatError(ValueError):
     """A trace or operation that cannot be read; the message names the offending part."""
 
 
+# --- bounds of the JSON form (the whole trace schema is in harness/trace.py's docstring) ---------
+
+MAX_TOKENS = 1 << 20  # a token count or position, a token list's length, max_model_len, a window, a chunk
+MAX_NUM_BLOCKS = 1 << 20  # num_blocks (SpecTarget.reset at this bound: 0.1 to 0.2 s); block ids are below it
+MAX_BLOCK_SIZE = 1 << 16
+MAX_TOKEN_ID = (1 << 31) - 1
+MAX_NAME_CHARS = 256  # request ids, multimodal identifiers, names, kinds
+MAX_TEXT_CHARS = 4096  # LoRA names and paths, cache salts
+MAX_MM_FEATURES = 1024  # multimodal items of one request
+MAX_EMBED_ROW_CHARS = 1 << 18  # one prompt_embeds row in hex: up to 32768 float32 elements
+
+_HEX_BYTES = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
+def describe(value: Any) -> str:
+    """``value`` as an error message shows it: strings as Python literals, other values in their JSON
+    spelling (``true``, ``null``, ``2.5``), containers by size; cut short."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+    if isinstance(value, dict):
+        return f"an object of {len(value)} field(s)"
+    if isinstance(value, list):
+        return f"a list of {len(value)} item(s)"
+    if type(value) is int and value.bit_length() > 128:
+        return f"an int of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe_names(names: Iterable[str]) -> str:
+    """A few field names, sorted, for an 'unknown field(s)' message."""
+    shown = sorted(names)
+    return ", ".join(describe(n) for n in shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+
+
+def key_path(where: str, key: str) -> str:
+    """The JSON path of field ``key`` of the object at ``where`` (``a.b``, or ``a["3"]`` for other keys)."""
+    return f"{where}.{key}" if key.isidentifier() else f"{where}[{json.dumps(key)}]"
+
+
+def want_int(value: Any, where: str, lo: int, hi: int) -> int:
+    """``value`` if it is a JSON int (not a bool, not a float) in ``[lo, hi]``."""
+    if type(value) is not int or not lo <= value <= hi:
+        raise TraceFormatError(f"{where}: expected an int >= {lo} and <= {hi}, got {describe(value)}")
+    return value
+
+
+def want_bool(value: Any, where: str) -> bool:
+    """``value`` if it is ``true`` or ``false`` (not 0 or 1)."""
+    if type(value) is not bool:
+        raise TraceFormatError(f"{where}: expected true or false, got {describe(value)}")
+    return value
+
+
+def want_str(value: Any, where: str, max_chars: int, min_chars: int = 0) -> str:
+    """``value`` if it is a string of ``min_chars`` to ``max_chars`` characters of valid Unicode."""
+    if type(value) is not str or not min_chars <= len(value) <= max_chars:
+        what = "a non-empty string" if min_chars else "a string"
+        raise TraceFormatError(f"{where}: expected {what} of at most {max_chars} characters, got {describe(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TraceFormatError(f"{where}: not valid Unicode text (a lone surrogate): {describe(value)}") from None
+    return value
+
+
+def want_choice(value: Any, where: str, choices: Iterable[str]) -> str:
+    """``value`` if it is one of the strings ``choices``."""
+    known = tuple(choices)
+    if type(value) is not str or value not in known:
+        raise TraceFormatError(f"{where}: expected one of {', '.join(map(repr, known))}, got {describe(value)}")
+    return value
+
+
+def want_list(value: Any, where: str, max_len: int) -> list[Any]:
+    """``value`` if it is a JSON list of at most ``max_len`` items."""
+    if type(value) is not list or len(value) > max_len:
+        raise TraceFormatError(f"{where}: expected a list of at most {max_len} items, got {describe(value)}")
+    return value
+
+
+def want_int_list(value: Any, where: str, lo: int, hi: int, max_len: int) -> tuple[int, ...]:
+    """``value`` as a tuple if it is a list of at most ``max_len`` ints, each in ``[lo, hi]``."""
+    items = want_list(value, where, max_len)
+    if not all(type(t) is int and lo <= t <= hi for t in items):
+        for i, t in enumerate(items):
+            want_int(t, f"{where}[{i}]", lo, hi)
+    return tuple(items)
+
+
+def want_object(
+    value: Any, where: str, required: Iterable[str] = (), optional: Iterable[str] | None = ()
+) -> dict[str, Any]:
+    """``value`` if it is a JSON object with every ``required`` field and, unless ``optional`` is
+    None (any other field allowed), no field outside ``required`` and ``optional``."""
+    if type(value) is not dict:
+        raise TraceFormatError(f"{where}: expected an object, got {describe(value)}")
+    required = tuple(required)
+    for name in required:
+        if name not in value:
+            raise TraceFormatError(f"{where}: missing field {name!r}")
+    if optional is not None:
+        unknown = set(value) - set(required) - set(optional)
+        if unknown:
+            raise TraceFormatError(f"{where}: unknown field(s) {describe_names(unknown)}")
+    return value
+
+
 def op_to_json(op: Op) -> dict[str, Any]:
     out: dict[str, Any] = {"op": op.op}
     for f in dataclasses.fields(op):
@@ -262,82 +376,116 @@ def op_to_json(op: Op) -> dict[str, Any]:
 
 
 def op_from_json(obj: Any, where: str = "operation") -> Op:
-    """Parse one operation; raise ``TraceFormatError`` naming ``where`` and the problem."""
-    if not isinstance(obj, dict):
-        raise TraceFormatError(f"{where}: expected an object, got {type(obj).__name__}")
+    """Parse one operation; raise ``TraceFormatError`` naming ``where`` (its JSON path) and the problem.
+
+    Each field has one exact JSON type and a range (``harness/trace.py`` lists them): an int is never
+    a bool or a float, a list never a string; nothing is coerced."""
+    if type(obj) is not dict:
+        raise TraceFormatError(f"{where}: expected an operation object, got {describe(obj)}")
     tag = obj.get("op")
-    cls = OP_TYPES.get(tag) if isinstance(tag, str) else None
+    cls = OP_TYPES.get(tag) if type(tag) is str else None
     if cls is None:
-        raise TraceFormatError(f"{where}: unknown operation {tag!r} (known: {', '.join(sorted(OP_TYPES))})")
+        raise TraceFormatError(f"{where}: unknown operation {describe(tag)} (known: {', '.join(sorted(OP_TYPES))})")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "op"}
     unknown = set(obj) - set(fields) - {"op", "outcome"}
     if unknown:
-        raise TraceFormatError(f"{where}: unknown field(s) {sorted(unknown)} for {tag!r}")
+        raise TraceFormatError(f"{where}: unknown field(s) {describe_names(unknown)} for {tag!r}")
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
-        if name not in obj:
-            if f.default is dataclasses.MISSING:
-                raise TraceFormatError(f"{where}: {tag!r} is missing field {name!r}")
-            continue
-        try:
-            kwargs[name] = _parse_field(name, f, obj[name])
-        except (TypeError, KeyError, IndexError, ValueError) as e:
-            raise TraceFormatError(f"{where}: field {name!r} of {tag!r}: {e}") from None
+        if name in obj:
+            kwargs[name] = _parse_field(f, obj[name], f"{where}.{name}")
+        elif f.default is dataclasses.MISSING:
+            raise TraceFormatError(f"{where}: {tag!r} is missing field {name!r}")
     _check_op(cls, kwargs, str(tag), where)
     return cls(**kwargs)  # type: ignore[no-any-return]
 
 
-def _parse_field(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
-    """One field's JSON value as the operation holds it; ``TypeError`` / ``ValueError`` say why not."""
-    if name == "mm_features":
-        return tuple(MMFeatureSpec(str(m["identifier"]), int(m["offset"]), int(m["length"])) for m in value)
-    if name == "lora":
-        return None if value is None else (str(value[0]), str(value[1]))
-    if name == "prompt_embeds":
-        return _parse_prompt_embeds(value)
-    if name in ("prompt_token_ids", "token_ids", "block_ids"):
-        if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            raise TypeError("expected a list of ints")
-        return tuple(value)
-    if isinstance(f.default, bool):
-        if not isinstance(value, bool):
-            raise TypeError("expected true or false")
-    elif name in ("request_id", "status", "cache_salt", "identifier"):
-        if not (isinstance(value, str) or (value is None and name == "cache_salt")):
-            raise TypeError("expected a string")
-    elif isinstance(f.default, int) or f.type in ("int",):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError("expected an int")
-    return value
+def _parse_field(f: dataclasses.Field[Any], value: Any, where: str) -> Any:
+    """One field's JSON value as the operation holds it (``where``: the field's JSON path)."""
+    parse = _FIELD_PARSERS.get(f.name)
+    if parse is not None:
+        return parse(value, where)
+    if f.type == "bool":
+        return want_bool(value, where)
+    if f.type == "int":  # a token count or position
+        return want_int(value, where, 0, MAX_TOKENS)
+    raise AssertionError(f"no JSON parser for operation field {f.name!r} ({f.type})")
 
 
-def _parse_prompt_embeds(value: Any) -> tuple[str, ...] | None:
+def _token_ids(value: Any, where: str) -> tuple[int, ...]:
+    return want_int_list(value, where, 0, MAX_TOKEN_ID, MAX_TOKENS)
+
+
+def _block_ids(value: Any, where: str) -> tuple[int, ...]:
+    return want_int_list(value, where, 0, MAX_NUM_BLOCKS - 1, MAX_NUM_BLOCKS)
+
+
+def _lora(value: Any, where: str) -> tuple[str, str] | None:
+    """``null`` or ``[lora_name, lora_path]``."""
+    if value is None:
+        return None
+    if type(value) is not list or len(value) != 2:
+        raise TraceFormatError(f"{where}: expected null or [lora_name, lora_path] (two strings), got {describe(value)}")
+    return want_str(value[0], f"{where}[0]", MAX_TEXT_CHARS, 1), want_str(value[1], f"{where}[1]", MAX_TEXT_CHARS)
+
+
+def _mm_features(value: Any, where: str) -> tuple[MMFeatureSpec, ...]:
+    """A list of ``{"identifier": str, "offset": int >= 0, "length": int >= 1}``."""
+    out = []
+    for i, m in enumerate(want_list(value, where, MAX_MM_FEATURES)):
+        mw = f"{where}[{i}]"
+        want_object(m, mw, ("identifier", "offset", "length"))
+        out.append(
+            MMFeatureSpec(
+                want_str(m["identifier"], f"{mw}.identifier", MAX_NAME_CHARS, 1),
+                want_int(m["offset"], f"{mw}.offset", 0, MAX_TOKENS),
+                want_int(m["length"], f"{mw}.length", 1, MAX_TOKENS),
+            )
+        )
+    return tuple(out)
+
+
+def _prompt_embeds(value: Any, where: str) -> tuple[str, ...] | None:
     """``null`` or a list of hex strings, one per prompt position, each a non-empty whole number of
     float32 elements (4 bytes), all of one length."""
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
-        raise TypeError("expected null or a list of hex strings (one row per prompt token)")
+    if type(value) is not list or len(value) > MAX_TOKENS or not all(type(r) is str for r in value):
+        raise TraceFormatError(
+            f"{where}: expected null or a list of hex strings (one row per prompt token), got {describe(value)}"
+        )
     for i, row in enumerate(value):
-        try:
-            raw = bytes.fromhex(row)
-        except ValueError:
-            raise ValueError(f"row {i} is not a hex string: {row[:20]!r}") from None
-        if not raw or len(raw) % 4:
-            raise ValueError(f"row {i} holds {len(raw)} bytes, not a whole number (>= 1) of float32 elements")
+        if len(row) > MAX_EMBED_ROW_CHARS or not _HEX_BYTES.fullmatch(row):
+            raise TraceFormatError(
+                f"{where}[{i}]: not a hex string of at most {MAX_EMBED_ROW_CHARS} digits: {describe(row)}"
+            )
+        if not row or len(row) % 8:
+            raise TraceFormatError(
+                f"{where}[{i}]: holds {len(row) // 2} bytes, not a whole number (>= 1) of float32 elements"
+            )
     if len({len(r) for r in value}) > 1:
-        raise ValueError("rows differ in length (a tensor's rows all have one width)")
+        raise TraceFormatError(f"{where}: rows differ in length (a tensor's rows all have one width)")
     return tuple(r.lower() for r in value)
+
+
+_FIELD_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "request_id": lambda v, w: want_str(v, w, MAX_NAME_CHARS, 1),
+    "prompt_token_ids": _token_ids,
+    "token_ids": _token_ids,
+    "block_ids": _block_ids,
+    "lora": _lora,
+    "mm_features": _mm_features,
+    "cache_salt": lambda v, w: None if v is None else want_str(v, w, MAX_TEXT_CHARS),
+    "prompt_embeds": _prompt_embeds,
+    "status": lambda v, w: want_choice(v, w, REQUEST_STATUSES),
+    "reserved_blocks": lambda v, w: want_int(v, w, 0, MAX_NUM_BLOCKS),
+}
 
 
 def _check_op(cls: type, kwargs: dict[str, Any], tag: str, where: str) -> None:
     """Checks across fields of one operation."""
-    if cls is SetStatus and kwargs["status"] not in REQUEST_STATUSES:
-        raise TraceFormatError(f"{where}: status must be one of {REQUEST_STATUSES}, got {kwargs['status']!r}")
     embeds = kwargs.get("prompt_embeds")
     if cls is AddRequest and embeds is not None and len(embeds) != len(kwargs["prompt_token_ids"]):
         raise TraceFormatError(
             f"{where}: {tag!r} has {len(embeds)} prompt_embeds rows for {len(kwargs['prompt_token_ids'])} prompt tokens"
         )
-    if cls is SetNumInFlightTokens and kwargs["num_in_flight_tokens"] < 0:
-        raise TraceFormatError(f"{where}: num_in_flight_tokens must be >= 0, got {kwargs['num_in_flight_tokens']}")

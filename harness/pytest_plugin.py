@@ -131,7 +131,7 @@ def run_family(
     """Run kvspec's state machine for one family; a finding fails the test with its report path."""
     from harness.fuzzing import finding_trace
     from harness.machine import RunStats, make_machine, run_machine
-    from harness.report import write_report
+    from harness.report import replay_command, write_report
 
     stats = RunStats()
     machine = make_machine(family, factory, target, relation, stats, step_timeout)
@@ -143,7 +143,8 @@ def run_family(
         if trace is None or stats.finding is None:
             raise
     report = write_report(out, trace)
-    pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: kvspec replay {report}", pytrace=False)
+    replay = replay_command(report, trace.target_name)
+    pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
 
 
 def make_testcase(family: str) -> type[unittest.TestCase]:

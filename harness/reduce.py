@@ -104,15 +104,17 @@ class _Reducer:
         relation: str,
         deadline: float,
         step_timeout: float | None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.config, self.ops, self.finding = config, ops, finding
         self.target_factory, self.relation = target_factory, relation
-        self.deadline, self.step_timeout = deadline, step_timeout
+        self.deadline, self.step_timeout, self.should_stop = deadline, step_timeout, should_stop
         self.replays = 0
         self.steps: list[tuple[O.Op, object]] = []
 
     def out_of_time(self) -> bool:
-        return time.monotonic() >= self.deadline
+        """The budget is spent: the deadline passed, or ``should_stop()`` says so (``kvspec fuzz`` on a signal)."""
+        return time.monotonic() >= self.deadline or (self.should_stop is not None and self.should_stop())
 
     def try_candidate(self, config: KVCacheConfig, ops: Ops) -> bool:
         """Keep ``(config, ops)`` if it still ends in the same finding (cut at that step)."""
@@ -188,11 +190,13 @@ def reduce_trace(
     relation: str = "exact",
     seconds: float = 10.0,
     step_timeout: float | None = 10.0,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Reduction:
-    """The smallest trace found within ``seconds`` that still ends in ``finding`` (the original
-    trace, cut after its failing step, when nothing smaller replays to it)."""
+    """The smallest trace found within ``seconds`` (or until ``should_stop()``, checked before each
+    candidate) that still ends in ``finding`` (the original trace, cut after its failing step, when
+    nothing smaller replays to it)."""
     t0 = time.monotonic()
-    r = _Reducer(config, list(ops), finding, target_factory, relation, t0 + seconds, step_timeout)
+    r = _Reducer(config, list(ops), finding, target_factory, relation, t0 + seconds, step_timeout, should_stop)
     r.replays += 1
     found, steps = run_ops(config, list(ops), target_factory, relation, step_timeout)
     if found is None or not same_finding(found, finding):

@@ -45,7 +45,9 @@ def test_replay_{ident}() -> None:
 
 
 def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> Path:
-    """Write the report folder for ``trace`` under ``out_dir``; return its path."""
+    """Write the report folder for ``trace`` under ``out_dir``; return its path.  The folder gets the
+    usual permissions (0777, files 0666, minus the umask: a CI uploader running as another user can
+    read it), not ``mkdtemp``'s 0700."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = name or _default_name(trace)
@@ -62,6 +64,9 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
             REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
         )
         (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
+        mask = os.umask(0o022)  # reading the umask means setting it: put back at once
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # the files were created 0666 & ~umask already
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -70,9 +75,11 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
 
 
 def _default_name(trace: Trace) -> str:
+    """``kvspec-<target>-<family>-<kind>-seed<seed>``, as a plain folder name (no ``/``, ``.`` or ``:``)."""
     kind = (trace.finding or {}).get("kind", "trace")
-    target = trace.target_name.replace(":", "-").replace(".", "-").replace("/", "-")
-    return f"kvspec-{target}-{trace.family or 'custom'}-{kind}-seed{trace.seed if trace.seed is not None else 'none'}"
+    seed = trace.seed if trace.seed is not None else "none"
+    name = f"kvspec-{trace.target_name}-{trace.family or 'custom'}-{kind}-seed{seed}"
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:200]
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -88,7 +95,7 @@ def render_report(trace: Trace) -> str:
         f"- target: `{trace.target_name}` {trace.target_version}".rstrip(),
         f"- family: `{trace.family}`, seed: `{trace.seed}`, profile: `{trace.profile}`, relation: `{trace.relation}`",
         f"- config: {_config_line(trace)}",
-        f"- replay: `kvspec replay {'<this folder>'}` (exit 1 while the finding is there)",
+        f"- replay: `{_replay_command(trace)}` (exit 1 while the finding is there)",
         "",
         f"## Steps ({len(trace.steps)}, shrunk)",
         "",
@@ -107,6 +114,20 @@ def render_report(trace: Trace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _replay_command(trace: Trace) -> str:
+    return replay_command("<this folder>", trace.target_name)
+
+
+def replay_command(folder: str | Path, target_name: str) -> str:
+    """``kvspec replay`` of a report folder; a target that is not built in is named with ``--target``
+    (replay never takes such a target from the trace file itself)."""
+    from harness.mutants import is_builtin_target
+
+    if is_builtin_target(target_name):
+        return f"kvspec replay {folder}"
+    return f"kvspec replay {folder} --target {target_name}"
+
+
 def _one_sentence(trace: Trace) -> str:
     f = trace.finding
     if not f:
@@ -120,6 +141,10 @@ def _one_sentence(trace: Trace) -> str:
         "target-hung": "The target hung",
         "reference-raised": "The spec rejected an operation",
         "reference-invariant": "A spec invariant broke",
+        "target-malformed": "The target returned something the protocol does not allow",
+        "target-memory": "The target ran out of its memory bound",
+        "kv-ledger": "The KV ledger found a wrong read or write",
+        "kv-mismatch": "The KV oracle computed wrong numbers",
     }.get(f.get("kind", ""), "A finding")
     return f"{what} at {where}{op}: {f.get('message', '')}"
 
@@ -154,11 +179,12 @@ def _op_line(op: O.Op) -> str:
 
 
 def _outcome_line(outcome: Any) -> str:
+    """One outcome in a few words (a finding's ``expected`` / ``actual`` may be any JSON a target returned)."""
     if outcome is None:
         return "None"
     if isinstance(outcome, dict):
         if "num_hit_tokens" in outcome:
-            return f"hit {outcome['num_hit_tokens']} tokens, blocks {outcome['block_ids']}"
+            return f"hit {outcome['num_hit_tokens']} tokens, blocks {outcome.get('block_ids')}"
         return f"new blocks {outcome.get('block_ids')}"
     if isinstance(outcome, list):
         return f"{len(outcome)} event(s)"
@@ -291,11 +317,12 @@ def draw_tables_json(w: dict[str, Any], trace: Trace, requests: list[str]) -> li
                 continue
             ids, refs, hashed = [], [], []
             for b in tables[rid]:
-                info = w["blocks"].get(str(b), {})
+                info = w.get("blocks", {}).get(str(b), {})
                 ids.append("null" if b == 0 else str(b))
                 refs.append("-" if b == 0 else str(info.get("ref_cnt", "?")))
                 hashed.append("-" if b == 0 else ("#" if info.get("hash") else "."))
-            ncb = w.get("num_cached_block", [{}] * (g + 1))[g].get(rid)
+            ncbs = w.get("num_cached_block", [])
+            ncb = ncbs[g].get(rid) if g < len(ncbs) else None
             out += _table_rows(rid, ids, refs, hashed, ncb)
     out.append(f"free queue (front first): {w.get('free_queue')}")
     return out

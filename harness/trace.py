@@ -1,32 +1,132 @@
 """The trace file: a language-neutral, versioned record of one fuzzing run (``trace.json``).
 
-Schema (version 1)::
+A trace is data that ``kvspec replay`` and ``kvspec report`` read from anywhere (a CI artifact, a
+bug report), so reading it is strict and bounded: one schema, checked field by field, nothing
+coerced (an int is never a bool or a float, a list never a string), every size bounded.  Any
+departure raises ``TraceFormatError`` (from ``harness.ops``) naming the file and the JSON path of
+the bad field, e.g. ``trace.json: config.groups[0].sliding_window: expected an int >= 1 and <= 1048576,
+got 2.5``; the CLI turns it into exit 2.  A trace never chooses code to run: its ``target.name`` is a
+label, which ``kvspec replay`` uses only if it is a built-in target (``harness.replay``).
 
-    {"kvspec_trace": 1,
-     "config":  {KVCacheConfig fields; groups as objects; profile as its string value},
-     "seed": int | null, "profile": "dev" | "ci" | "nightly" | null,
-     "family": str | null, "relation": "exact" | ...,
-     "target": {"name": str, "version": str},
-     "steps": [ {"op": ..., <operation fields>, "outcome": <JSON>} , ...],
-     "finding": null | {"kind": str, "step": int | null, "message": str, ...}}
+Schema (version 1); ``T`` = ``MAX_TOKENS`` = 2**20, ``B`` = ``MAX_NUM_BLOCKS`` = 2**20::
 
-Each step's ``outcome`` is the expected outcome: the reference spec's (or, when the trace was
-recorded without a reference, the target's).  Reading validates everything and raises
-``TraceFormatError`` (from ``harness.ops``) naming the offending part, so a truncated file, an
-unknown version or an unknown operation gives one precise message (the CLI turns it into exit 2).
+    {"kvspec_trace": 1,                      the int 1 (not 1.0, not true)
+     "config": {                             KVCacheConfig
+        "num_blocks": int in [1, B],         (SpecTarget.reset at B: 0.1 to 0.2 s)
+        "groups": [ {"kind": "full" | "sliding_window" | "chunked_local" | "cross",
+                     "block_size": int in [1, 2**16],
+                     "sliding_window"?: null | int in [1, T],
+                     "attention_chunk_size"?: null | int in [1, T]} ]   (1 to 64 groups),
+        "max_model_len": int in [1, T],
+        "enable_caching"?: bool, "enable_kv_cache_events"?: bool,
+        "hash_algo"?: "sha256" | "sha256_cbor",
+        "watermark"?: number in [0, 1),
+        "max_in_flight_tokens"?: null | int in [0, T],
+        "profile"?: "vllm-0.33" | "vllm-0.20-free-order",
+        "hash_block_size_override"?: null | int in [1, 2**16]},
+        (then ``KVCacheConfig.validate``: the cross-field rules)
+     "target": {"name": non-empty str (<= 256 chars), "version"?: str (<= 4096 chars)},
+     "steps": [ {"op": ..., <operation fields>, "outcome": <outcome>} ]   (at most 10,000 steps,
+        and num_blocks x steps <= 2**24: replay compares the whole pool after each step, about
+        0.8 us per block and step, so a 2**20-block pool replays at most 16 steps, about 13 s),
+     "seed"?: null | int in [-2**63, 2**64),
+     "profile"?: null | str (<= 256 chars),  "family"?: null | str (<= 256 chars),
+     "relation"?: "exact" | "outcomes" | "invariants"  (harness.equality.RELATIONS; default "exact"),
+     "finding"?: null | {
+        "kind": non-empty str (<= 256 chars), "step": null | int in [0, len(steps)),
+        "message": str (<= 2**20 chars),
+        "op"?: null | <operation>, "expected"?: JSON, "actual"?: JSON,  (what a target returned)
+        "invariant"?: null | str, "blocks"?: [block id], "requests"?: [request id],
+        "witness"?: {"spec_before" | "target_before" | "spec_after" | "target_after"?: <observation>,
+                     other fields: JSON},
+        "traceback"?: null | str (<= 2**20 chars), "kv"?: null | JSON object,
+        "kv_markdown"?: null | str (<= 2**20 chars),
+        other fields (e.g. a proof's "claim", "model"): JSON},
+     "extra"?: JSON object}
+
+``?`` marks an optional field; no other field is allowed where the schema lists the fields.
+Operation fields (``harness.ops.op_from_json``): request ids non-empty strings of at most 256
+characters; token ids ints in [0, 2**31); token lists and counts at most ``T``; ``block_ids`` ints
+in [0, B); ``lora`` null or [name, path] (two strings of at most 4096 characters); ``mm_features``
+at most 1024 objects {"identifier": str, "offset": int in [0, T], "length": int in [1, T]};
+``cache_salt`` null or a string; ``prompt_embeds`` null or one hex row per prompt token; booleans
+``true``/``false`` only; ``status`` a ``spec.request.RequestStatus`` value.
+
+Outcomes (docs/targets.md; ``null`` is always allowed: the reference raised or hung there):
+``get_computed_blocks`` {"block_ids": [[block id] per group], "num_hit_tokens": int in [0, T]};
+``allocate_slots`` {"block_ids": [[block id] per group]}; ``reset_prefix_cache`` a bool;
+``take_events`` a list (at most 2**16) of events {"type": "BlockStored", "block_hashes": [str],
+"parent_block_hash": null | str, "token_ids": [token id], "block_size": int, "group_id": int} |
+{"type": "BlockRemoved", "block_hashes": [str], "group_id": int} | {"type": "AllBlocksCleared"};
+every other operation ``null``.  Block ids a target reported (outcomes, witnesses, a finding's
+``blocks``) are ints in [-2**31, 2**31): a buggy target's ids are kept as they were.
+An observation (witness) is {"tables": [{request id: [block id]}], "num_cached_block":
+[{request id: null | int}], "blocks": {str: {"ref_cnt": int, "hash": null | str, "free_pos": null |
+int}}, "free_queue": [block id], "num_hashes": {request id: int}} (ints 32-bit).
+
+"JSON" above is any JSON value nested at most ``MAX_DEPTH`` (64) levels, with finite numbers and
+valid Unicode strings.  The file: at most ``MAX_TRACE_BYTES`` (16 MiB) of UTF-8 JSON, no object
+with a field twice; deeper nesting, NaN and Infinity are refused.  Each step's ``outcome`` is the
+expected outcome: the reference spec's (or, when the trace was recorded without a reference, the
+target's).
+
+``find_traces`` expands folders: it walks them (not into hidden folders or virtualenvs), skips
+``.json`` files that are not kvspec traces (no top-level ``kvspec_trace`` field) and reports them as
+skipped; a file that is a trace but a bad one is an error.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.ops import Op, TraceFormatError, op_from_json, op_to_json
-from spec.config import AttentionSpec, ConfigError, KVCacheConfig, Profile
+from harness import ops as O
+from harness.equality import RELATIONS
+from harness.ops import (
+    MAX_BLOCK_SIZE,
+    MAX_NAME_CHARS,
+    MAX_NUM_BLOCKS,
+    MAX_TEXT_CHARS,
+    MAX_TOKEN_ID,
+    MAX_TOKENS,
+    Op,
+    TraceFormatError,
+    describe,
+    describe_names,
+    key_path,
+    op_from_json,
+    op_to_json,
+    want_bool,
+    want_choice,
+    want_int,
+    want_int_list,
+    want_list,
+    want_object,
+    want_str,
+)
+from spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig, Profile
+from spec.types import BlockCount, TokenCount
 
 TRACE_VERSION = 1
+
+MAX_TRACE_BYTES = 16 << 20  # a trace file
+MAX_DEPTH = 64  # nesting of the free-form JSON parts (``expected``, ``kv``, ``extra``, ...)
+MAX_STEPS = 10_000
+MAX_GROUPS = 64
+MAX_EVENTS = 1 << 16  # events of one ``take_events`` outcome
+MAX_LONG_TEXT = 1 << 20  # a finding's message, traceback, markdown
+# Replay work: lockstep observes and compares the whole pool after every step (about 0.8 us per block
+# and step), so num_blocks x steps is bounded too: 2**24 is about 13 s of replay.
+MAX_BLOCK_STEPS = 1 << 24
+INT32 = (-(1 << 31), (1 << 31) - 1)  # block ids and counts a target reported
+_MARKER = b'"kvspec_trace"'
 
 
 @dataclass
@@ -73,59 +173,240 @@ def config_to_json(config: KVCacheConfig) -> dict[str, Any]:
     }
 
 
+Parser = Callable[[Any, str], Any]
+
+
+def _nullable(parse: Parser) -> Parser:
+    """``parse``, or ``null`` as None."""
+    return lambda v, w: None if v is None else parse(v, w)
+
+
+def _int_in(lo: int, hi: int) -> Parser:
+    return lambda v, w: want_int(v, w, lo, hi)
+
+
+def _str_of(max_chars: int, min_chars: int = 0) -> Parser:
+    return lambda v, w: want_str(v, w, max_chars, min_chars)
+
+
+def _watermark(value: Any, where: str) -> float:
+    if type(value) not in (int, float) or not 0 <= value < 1:
+        raise TraceFormatError(f"{where}: expected a number >= 0 and < 1, got {describe(value)}")
+    return float(value)
+
+
 _CONFIG_REQUIRED = ("num_blocks", "groups", "max_model_len")
-_CONFIG_OPTIONAL: dict[str, type | tuple[type, ...]] = {
-    "enable_caching": bool,
-    "hash_algo": str,
-    "enable_kv_cache_events": bool,
-    "watermark": (int, float),
-    "max_in_flight_tokens": (int, type(None)),
-    "profile": str,
-    "hash_block_size_override": (int, type(None)),
+_CONFIG_OPTIONAL: dict[str, Parser] = {
+    "enable_caching": want_bool,
+    "hash_algo": lambda v, w: want_choice(v, w, typing.get_args(HashAlgo)),
+    "enable_kv_cache_events": want_bool,
+    "watermark": _watermark,
+    "max_in_flight_tokens": _nullable(_int_in(0, MAX_TOKENS)),
+    "profile": lambda v, w: Profile(want_choice(v, w, (p.value for p in Profile))),
+    "hash_block_size_override": _nullable(_int_in(1, MAX_BLOCK_SIZE)),
 }
+ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
+
+
+def _group(g: Any, where: str) -> AttentionSpec:
+    want_object(g, where, ("kind", "block_size"), ("sliding_window", "attention_chunk_size"))
+    kind = g["kind"]
+    if type(kind) is not str or kind not in ATTENTION_KINDS:
+        raise TraceFormatError(
+            f"{where}.kind: unknown attention kind {describe(kind)} (known: {', '.join(ATTENTION_KINDS)})"
+        )
+    return AttentionSpec(
+        kind,  # type: ignore[arg-type]
+        TokenCount(want_int(g["block_size"], f"{where}.block_size", 1, MAX_BLOCK_SIZE)),
+        _nullable(_int_in(1, MAX_TOKENS))(g.get("sliding_window"), f"{where}.sliding_window"),
+        _nullable(_int_in(1, MAX_TOKENS))(g.get("attention_chunk_size"), f"{where}.attention_chunk_size"),
+    )
 
 
 def config_from_json(obj: Any, where: str = "config") -> KVCacheConfig:
-    """Parse and validate a config; raise ``TraceFormatError`` naming the bad field."""
-    if not isinstance(obj, dict):
-        raise TraceFormatError(f"{where}: expected an object, got {type(obj).__name__}")
-    for name in _CONFIG_REQUIRED:
-        if name not in obj:
-            raise TraceFormatError(f"{where}: missing field {name!r}")
-    unknown = set(obj) - set(_CONFIG_REQUIRED) - set(_CONFIG_OPTIONAL)
-    if unknown:
-        raise TraceFormatError(f"{where}: unknown field(s) {sorted(unknown)}")
-    for name in ("num_blocks", "max_model_len"):
-        if not isinstance(obj[name], int) or isinstance(obj[name], bool):
-            raise TraceFormatError(f"{where}.{name}: expected an int, got {obj[name]!r}")
-    for name, types in _CONFIG_OPTIONAL.items():
-        if name in obj and (not isinstance(obj[name], types) or (types is not bool and isinstance(obj[name], bool))):
-            raise TraceFormatError(f"{where}.{name}: unexpected value {obj[name]!r}")
-    if not isinstance(obj["groups"], list):
-        raise TraceFormatError(f"{where}.groups: expected a list")
-    groups = []
-    for i, g in enumerate(obj["groups"]):
-        gw = f"{where}.groups[{i}]"
-        if not isinstance(g, dict) or not isinstance(g.get("kind"), str) or not isinstance(g.get("block_size"), int):
-            raise TraceFormatError(f"{gw}: expected an object with 'kind' (string) and 'block_size' (int)")
-        extra = set(g) - {"kind", "block_size", "sliding_window", "attention_chunk_size"}
-        if extra:
-            raise TraceFormatError(f"{gw}: unknown field(s) {sorted(extra)}")
-        groups.append(AttentionSpec(g["kind"], g["block_size"], g.get("sliding_window"), g.get("attention_chunk_size")))
-    kwargs = {k: obj[k] for k in _CONFIG_OPTIONAL if k in obj}
-    if "profile" in kwargs:
-        try:
-            kwargs["profile"] = Profile(kwargs["profile"])
-        except ValueError:
-            known = ", ".join(p.value for p in Profile)
-            raise TraceFormatError(f"{where}.profile: unknown profile {obj['profile']!r} (known: {known})") from None
+    """Parse and validate a config; raise ``TraceFormatError`` naming the bad field's JSON path."""
+    want_object(obj, where, _CONFIG_REQUIRED, _CONFIG_OPTIONAL)
+    groups = want_list(obj["groups"], f"{where}.groups", MAX_GROUPS)
+    kwargs = {name: parse(obj[name], f"{where}.{name}") for name, parse in _CONFIG_OPTIONAL.items() if name in obj}
+    config = KVCacheConfig(
+        num_blocks=BlockCount(want_int(obj["num_blocks"], f"{where}.num_blocks", 1, MAX_NUM_BLOCKS)),
+        groups=tuple(_group(g, f"{where}.groups[{i}]") for i, g in enumerate(groups)),
+        max_model_len=TokenCount(want_int(obj["max_model_len"], f"{where}.max_model_len", 1, MAX_TOKENS)),
+        **kwargs,
+    )
     try:
-        config = KVCacheConfig(
-            num_blocks=obj["num_blocks"], groups=tuple(groups), max_model_len=obj["max_model_len"], **kwargs
-        )
         return config.validate()
     except ConfigError as e:
         raise TraceFormatError(f"{where}: {e}") from None
+
+
+# --- free-form JSON, outcomes, observations ------------------------------------------------------
+
+
+def json_value(value: Any, where: str) -> Any:
+    """``value`` if it is JSON nested at most ``MAX_DEPTH`` levels, with finite numbers and valid
+    Unicode strings (an error names the JSON path of the first bad part)."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        v, w, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TraceFormatError(f"{w}: nested deeper than {MAX_DEPTH} levels")
+        if type(v) is dict:
+            for k, item in v.items():
+                want_str(k, f"{w} (a field name)", MAX_TEXT_CHARS)
+                stack.append((item, key_path(w, k), depth + 1))
+        elif type(v) is list:
+            stack.extend((item, f"{w}[{i}]", depth + 1) for i, item in enumerate(v))
+        elif type(v) is str:
+            want_str(v, w, MAX_TRACE_BYTES)
+        elif type(v) is float and not math.isfinite(v):
+            raise TraceFormatError(f"{w}: expected a finite number, got {describe(v)}")
+        elif v is not None and type(v) not in (bool, int, float):
+            raise TraceFormatError(f"{w}: not a JSON value: {describe(v)}")
+    return value
+
+
+def _block_id(v: Any, w: str) -> int:
+    return want_int(v, w, *INT32)
+
+
+def _list_of(parse: Parser, max_len: int) -> Parser:
+    return lambda v, w: [parse(item, f"{w}[{i}]") for i, item in enumerate(want_list(v, w, max_len))]
+
+
+def _map_of(parse_value: Parser, max_key_chars: int = MAX_NAME_CHARS) -> Parser:
+    """An object whose field names are data (request ids, block ids): each value parsed."""
+
+    def parse(v: Any, w: str) -> dict[str, Any]:
+        obj = want_object(v, w, optional=None)
+        for k in obj:
+            want_str(k, f"{w} (a field name)", max_key_chars, 1)
+        return {k: parse_value(item, key_path(w, k)) for k, item in obj.items()}
+
+    return parse
+
+
+_block_table = _list_of(_list_of(_block_id, MAX_NUM_BLOCKS), MAX_GROUPS)
+_hash = _str_of(MAX_TEXT_CHARS)
+_EVENT_FIELDS: dict[str, dict[str, Parser]] = {
+    "BlockStored": {
+        "block_hashes": _list_of(_hash, MAX_NUM_BLOCKS),
+        "parent_block_hash": _nullable(_hash),
+        "token_ids": lambda v, w: list(want_int_list(v, w, 0, MAX_TOKEN_ID, MAX_TOKENS)),
+        "block_size": _int_in(1, MAX_BLOCK_SIZE),
+        "group_id": _int_in(0, MAX_GROUPS - 1),
+    },
+    "BlockRemoved": {"block_hashes": _list_of(_hash, MAX_NUM_BLOCKS), "group_id": _int_in(0, MAX_GROUPS - 1)},
+    "AllBlocksCleared": {},
+}
+
+
+def _fields(value: Any, where: str, parsers: dict[str, Parser]) -> dict[str, Any]:
+    """An object with exactly the fields of ``parsers``, each parsed."""
+    obj = want_object(value, where, parsers)
+    return {k: parse(obj[k], key_path(where, k)) for k, parse in parsers.items()}
+
+
+def _event(value: Any, where: str) -> dict[str, Any]:
+    kind = want_choice(want_object(value, where, ("type",), None)["type"], f"{where}.type", _EVENT_FIELDS)
+    fields = _EVENT_FIELDS[kind]
+    want_object(value, where, ("type", *fields))
+    return {"type": kind, **{k: parse(value[k], key_path(where, k)) for k, parse in fields.items()}}
+
+
+_OUTCOMES: dict[type, Parser] = {
+    O.GetComputedBlocks: lambda v, w: _fields(
+        v, w, {"block_ids": _block_table, "num_hit_tokens": _int_in(0, MAX_TOKENS)}
+    ),
+    O.AllocateSlots: lambda v, w: _fields(v, w, {"block_ids": _block_table}),
+    O.ResetPrefixCache: want_bool,
+    O.TakeEvents: _list_of(_event, MAX_EVENTS),
+}
+
+
+def outcome_from_json(op: Op, value: Any, where: str) -> Any:
+    """A recorded outcome of ``op``, of the form docs/targets.md gives (null: none was recorded)."""
+    if value is None:
+        return None
+    parse = _OUTCOMES.get(type(op))
+    if parse is None:
+        raise TraceFormatError(f"{where}: expected null ({op.op!r} has no outcome), got {describe(value)}")
+    return parse(value, where)
+
+
+_int32 = _int_in(*INT32)
+_observation: Parser = lambda v, w: _fields(  # noqa: E731
+    v,
+    w,
+    {
+        "tables": _list_of(_map_of(_list_of(_block_id, MAX_NUM_BLOCKS)), MAX_GROUPS),
+        "num_cached_block": _list_of(_map_of(_nullable(_int32)), MAX_GROUPS),
+        "blocks": _map_of(
+            lambda b, bw: _fields(b, bw, {"ref_cnt": _int32, "hash": _nullable(_hash), "free_pos": _nullable(_int32)}),
+            32,
+        ),
+        "free_queue": _list_of(_block_id, MAX_NUM_BLOCKS),
+        "num_hashes": _map_of(_int32),
+    },
+)
+WITNESS_OBSERVATIONS = ("spec_before", "target_before", "spec_after", "target_after")
+
+
+def _witness(value: Any, where: str) -> dict[str, Any]:
+    obj = want_object(value, where, optional=None)
+    return {
+        k: _observation(v, key_path(where, k)) if k in WITNESS_OBSERVATIONS else json_value(v, key_path(where, k))
+        for k, v in obj.items()
+    }
+
+
+# --- the finding --------------------------------------------------------------------------------
+
+_long_text = _nullable(_str_of(MAX_LONG_TEXT))
+_FINDING_FIELDS: dict[str, Parser] = {
+    "kind": _str_of(MAX_NAME_CHARS, 1),
+    "message": _str_of(MAX_LONG_TEXT),
+    "op": lambda v, w: None if v is None else _op_json(v, w),
+    "expected": json_value,
+    "actual": json_value,
+    "invariant": _nullable(_str_of(MAX_NAME_CHARS)),
+    "blocks": _list_of(_block_id, MAX_NUM_BLOCKS),
+    "requests": _list_of(_str_of(MAX_NAME_CHARS, 1), MAX_NUM_BLOCKS),
+    "witness": _witness,
+    "traceback": _long_text,
+    "kv": lambda v, w: None if v is None else json_value(want_object(v, w, optional=None), w),
+    "kv_markdown": _long_text,
+}
+
+
+def _op_json(value: Any, where: str) -> dict[str, Any]:
+    """An operation in JSON form, checked (kept as JSON: the report names it)."""
+    op_from_json(value, where)
+    return dict(value)
+
+
+def _finding_step(value: Any, where: str, num_steps: int) -> int | None:
+    if value is None:
+        return None
+    if num_steps == 0:
+        raise TraceFormatError(f"{where}: expected null (the trace has no steps), got {describe(value)}")
+    return want_int(value, where, 0, num_steps - 1)
+
+
+def finding_from_json(value: Any, where: str, num_steps: int) -> dict[str, Any] | None:
+    """A finding: the known fields typed (``step`` within the ``num_steps`` steps), others free JSON."""
+    if value is None:
+        return None
+    obj = want_object(value, where, ("kind", "step", "message"), None)
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        kw = key_path(where, k)
+        want_str(k, f"{where} (a field name)", MAX_NAME_CHARS, 1)
+        if k == "step":
+            out[k] = _finding_step(v, kw, num_steps)
+        else:
+            out[k] = _FINDING_FIELDS.get(k, json_value)(v, kw)
+    return out
 
 
 # --- trace <-> JSON ----------------------------------------------------------------------------
@@ -146,91 +427,237 @@ def trace_to_json(trace: Trace) -> dict[str, Any]:
     }
 
 
+_TOP_REQUIRED = ("kvspec_trace", "config", "target", "steps")
+_TOP_OPTIONAL = ("seed", "profile", "family", "relation", "finding", "extra")
+
+
 def trace_from_json(obj: Any, where: str = "trace") -> Trace:
-    if not isinstance(obj, dict):
-        raise TraceFormatError(f"{where}: expected a JSON object at the top level, got {type(obj).__name__}")
+    """Parse and validate a trace (the module docstring's schema); ``TraceFormatError`` names
+    ``where`` (the file) and the JSON path of the bad field."""
+    try:
+        return _trace(obj)
+    except TraceFormatError as e:
+        raise TraceFormatError(f"{where}: {e}") from None
+
+
+def _trace(obj: Any) -> Trace:
+    if type(obj) is not dict:
+        raise TraceFormatError(f"expected a JSON object at the top level, got {describe(obj)}")
     if "kvspec_trace" not in obj:
-        raise TraceFormatError(f"{where}: not a kvspec trace (no 'kvspec_trace' version field)")
+        raise TraceFormatError("not a kvspec trace (no 'kvspec_trace' version field)")
     version = obj["kvspec_trace"]
-    if version != TRACE_VERSION:
+    if type(version) is not int or version != TRACE_VERSION:
         raise TraceFormatError(
-            f"{where}: unsupported trace version {version!r} (this kvspec reads version {TRACE_VERSION})"
+            f"kvspec_trace: unsupported trace version {describe(version)} (this kvspec reads version {TRACE_VERSION})"
         )
-    known = {"kvspec_trace", "config", "seed", "profile", "family", "relation", "target", "steps", "finding", "extra"}
-    unknown = set(obj) - known
+    unknown = set(obj) - set(_TOP_REQUIRED) - set(_TOP_OPTIONAL)
     if unknown:
-        raise TraceFormatError(f"{where}: unknown top-level field(s) {sorted(unknown)}")
-    for name in ("config", "target", "steps"):
+        raise TraceFormatError(f"unknown top-level field(s) {describe_names(unknown)}")
+    for name in _TOP_REQUIRED:
         if name not in obj:
-            raise TraceFormatError(f"{where}: missing field {name!r}")
-    config = config_from_json(obj["config"], f"{where}.config")
-    target = obj["target"]
-    if not isinstance(target, dict) or not isinstance(target.get("name"), str):
-        raise TraceFormatError(f"{where}.target: expected {{'name': str, 'version': str}}")
-    if not isinstance(obj["steps"], list):
-        raise TraceFormatError(f"{where}.steps: expected a list")
-    steps: list[tuple[Op, Any]] = []
-    for i, s in enumerate(obj["steps"]):
-        sw = f"{where}.steps[{i}]"
-        op = op_from_json(s, sw)
-        if "outcome" not in s:
-            raise TraceFormatError(f"{sw}: missing field 'outcome'")
-        steps.append((op, s["outcome"]))
-    seed = obj.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise TraceFormatError(f"{where}.seed: expected an int or null")
-    finding = obj.get("finding")
-    if finding is not None and not isinstance(finding, dict):
-        raise TraceFormatError(f"{where}.finding: expected an object or null")
-    relation = obj.get("relation", "exact")
-    if not isinstance(relation, str):
-        raise TraceFormatError(f"{where}.relation: expected a string")
+            raise TraceFormatError(f"missing field {name!r}")
+    config = config_from_json(obj["config"], "config")
+    target = want_object(obj["target"], "target", ("name",), ("version",))
+    steps = _steps(obj["steps"])
+    if config.num_blocks * len(steps) > MAX_BLOCK_STEPS:
+        raise TraceFormatError(
+            f"steps: {len(steps)} steps on {config.num_blocks} blocks: num_blocks x steps must be <= "
+            f"{MAX_BLOCK_STEPS} (the bound on a replay's work)"
+        )
     return Trace(
         config=config,
         steps=steps,
-        target_name=target["name"],
-        target_version=str(target.get("version", "")),
-        seed=seed,
-        profile=obj.get("profile"),
-        family=obj.get("family"),
-        relation=relation,
-        finding=finding,
-        extra=obj.get("extra") or {},
+        target_name=want_str(target["name"], "target.name", MAX_NAME_CHARS, 1),
+        target_version=want_str(target.get("version", ""), "target.version", MAX_TEXT_CHARS),
+        seed=_nullable(_int_in(-(1 << 63), (1 << 64) - 1))(obj.get("seed"), "seed"),
+        profile=_nullable(_str_of(MAX_NAME_CHARS))(obj.get("profile"), "profile"),
+        family=_nullable(_str_of(MAX_NAME_CHARS))(obj.get("family"), "family"),
+        relation=_relation(obj.get("relation", "exact")),
+        finding=finding_from_json(obj.get("finding"), "finding", len(steps)),
+        extra=json_value(want_object(obj.get("extra", {}), "extra", optional=None), "extra"),
     )
+
+
+def _relation(value: Any) -> str:
+    if type(value) is not str or value not in RELATIONS:
+        raise TraceFormatError(f"relation: unknown relation {describe(value)} (known: {', '.join(RELATIONS)})")
+    return value
+
+
+def _steps(value: Any) -> list[tuple[Op, Any]]:
+    steps: list[tuple[Op, Any]] = []
+    for i, s in enumerate(want_list(value, "steps", MAX_STEPS)):
+        sw = f"steps[{i}]"
+        op = op_from_json(s, sw)
+        if "outcome" not in s:
+            raise TraceFormatError(f"{sw}: missing field 'outcome'")
+        steps.append((op, outcome_from_json(op, s["outcome"], f"{sw}.outcome")))
+    return steps
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+class _Duplicate(Exception):
+    """An object with a field twice (JSON readers disagree on which one counts)."""
+
+
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Duplicate(f"an object has the field {describe(k)} twice")
+            seen.add(k)
+    return obj
+
+
+def parse_json(data: bytes | str, where: str) -> Any:
+    """The JSON value of a trace file's contents (at most ``MAX_TRACE_BYTES`` of UTF-8)."""
+    if isinstance(data, bytes):
+        if len(data) > MAX_TRACE_BYTES:
+            raise TraceFormatError(f"{where}: larger than {MAX_TRACE_BYTES} bytes, the bound on a trace file")
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(
+                f"{where}: not UTF-8 text: {e.reason} (byte {data[e.start]:#04x} at offset {e.start})"
+            ) from None
+    try:
+        return json.loads(data, object_pairs_hook=_unique_fields)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(
+            f"{where}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except RecursionError:
+        raise TraceFormatError(f"{where}: JSON nested too deeply to read (a trace nests a few levels)") from None
+    except _Duplicate as e:
+        raise TraceFormatError(f"{where}: not a valid trace: {e}") from None
+    except ValueError:  # an int of more digits than Python converts (4300)
+        raise TraceFormatError(f"{where}: not valid JSON: a number too long to read{_long_number_at(data)}") from None
+
+
+def _long_number_at(text: str) -> str:
+    """`` at line L column C`` of the first run of over 4300 digits in ``text`` (or nothing)."""
+    m = re.search(r"\d{4301,}", text)
+    if m is None:
+        return ""
+    line = text.count("\n", 0, m.start()) + 1
+    return f" at line {line} column {m.start() - text.rfind(chr(10), 0, m.start())}"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+    except OSError as e:
+        raise TraceFormatError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceFormatError(f"{path}: larger than {MAX_TRACE_BYTES} bytes, the bound on a trace file")
+    return data
+
+
+def loads_trace(data: bytes | str, where: str = "trace") -> Trace:
+    """Parse and validate the contents of a trace file (``where`` names it in errors)."""
+    return trace_from_json(parse_json(data, where), where)
 
 
 def read_trace(path: str | Path) -> Trace:
     """Read and validate ``trace.json`` (or a report folder holding one)."""
+    if str(path) == "":
+        raise TraceFormatError("an empty path names no trace file")
     p = Path(path)
     if p.is_dir():
         p = p / "trace.json"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TraceFormatError(f"{p}: cannot read: {e.strerror or e}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(
-            f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    return trace_from_json(obj, str(p))
+    return loads_trace(_read_bytes(p), str(p))
 
 
 def dumps_trace(trace: Trace) -> str:
     return json.dumps(trace_to_json(trace), indent=1, sort_keys=False) + "\n"
 
 
-def find_traces(paths: list[str]) -> list[Path]:
-    """Expand folders into the ``trace.json`` / ``*.json`` trace files below them, sorted."""
-    out: list[Path] = []
+# --- finding the traces of folders ----------------------------------------------------------------
+
+
+@dataclass
+class TraceSet:
+    """The traces ``find_traces`` read, and the ``.json`` files it skipped (with why)."""
+
+    traces: list[tuple[Path, Trace]] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def find_traces(paths: list[str]) -> TraceSet:
+    """Read the traces named by ``paths``: a file must be a trace; a folder is walked for ``*.json``
+    files (not into hidden folders or virtualenvs), those that are not kvspec traces are skipped,
+    and it must hold at least one trace.  A bad trace raises ``TraceFormatError`` naming it."""
+    found = TraceSet()
     for raw in paths:
+        if not raw:
+            raise TraceFormatError("an empty path names no trace file or folder (use '.' for this folder)")
         p = Path(raw)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*.json") if q.is_file())
-            if not found:
-                raise TraceFormatError(f"{p}: folder holds no trace files (*.json)")
-            out.extend(found)
+            _read_folder(p, found)
         else:
-            out.append(p)
-    return out
+            found.traces.append((p, read_trace(p)))
+    return found
+
+
+def _read_folder(root: Path, found: TraceSet) -> None:
+    before, skipped = len(found.traces), len(found.skipped)
+    for path in _json_files(root):
+        trace = _sniff(path)
+        if isinstance(trace, str):
+            found.skipped.append((path, trace))
+        else:
+            found.traces.append((path, trace))
+    if len(found.traces) == before:
+        others = len(found.skipped) - skipped
+        raise TraceFormatError(
+            f"{root}: folder holds no kvspec traces" + (f" ({others} other .json file(s) skipped)" if others else "")
+        )
+
+
+def _skip_folder(path: Path) -> bool:
+    """Hidden folders (``.git``, ``.venv``, ``.hypothesis``, report temporaries) and virtualenvs."""
+    return path.name.startswith(".") or (path / "pyvenv.cfg").exists()
+
+
+def _json_files(root: Path) -> list[Path]:
+    """The regular ``*.json`` files below ``root``, sorted, outside the folders ``_skip_folder`` names."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not _skip_folder(here / d))
+        out += [here / n for n in filenames if n.lower().endswith(".json") and (here / n).is_file()]
+    return sorted(out)
+
+
+def _head(path: Path, n: int = 4096) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _sniff(path: Path) -> Trace | str:
+    """A file found in a folder: its trace, or why it is skipped (it is no kvspec trace).  A file
+    that is a trace (a top-level ``kvspec_trace`` field; or, unreadable as JSON, one that mentions
+    it) but a bad one raises ``TraceFormatError``."""
+    try:
+        data = _read_bytes(path)
+    except TraceFormatError as e:
+        if _MARKER in _head(path):
+            raise
+        return str(e).removeprefix(f"{path}: ")
+    try:
+        obj = parse_json(data, str(path))
+    except TraceFormatError as e:
+        if _MARKER in data:
+            raise
+        return f"not a kvspec trace ({str(e).removeprefix(f'{path}: ')})"
+    if type(obj) is not dict or "kvspec_trace" not in obj:
+        return "not a kvspec trace (no top-level 'kvspec_trace' field)"
+    return trace_from_json(obj, str(path))

@@ -14,11 +14,21 @@ This registry holds production targets only: the deliberate bugs (``mutant:NAME`
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 
 from harness.targets.base import Target, Unsupported
 
-__all__ = ["Target", "TargetLoadError", "Unsupported", "check_target", "load_target", "target_factory"]
+__all__ = [
+    "Target",
+    "TargetLoadError",
+    "Unsupported",
+    "check_target",
+    "is_builtin",
+    "load_target",
+    "target_factory",
+]
 
 BUILTIN = ("spec", "vllm", "impl")
 
@@ -73,9 +83,14 @@ def _factory_from_module(mod: object, name: str) -> Callable[[], Target]:
     raise TargetLoadError(f"target {name!r}: module {getattr(mod, '__name__', mod)} defines no make_target()")
 
 
+def is_builtin(name: str) -> bool:
+    """Is ``name`` one of this registry's own targets (no module named by ``name`` is imported)?"""
+    return name in BUILTIN
+
+
 def target_factory(name: str) -> Callable[[], Target]:
     """Resolve ``name`` to a zero-argument factory of fresh targets (checked once here)."""
-    if name in BUILTIN:
+    if is_builtin(name):
         factory = _builtin(name)
     elif ":" in name:
         factory = _user_factory(name)
@@ -91,9 +106,15 @@ def check_target(factory: Callable[[], Target], name: str) -> None:
 
 
 def _user_factory(name: str) -> Callable[[], Target]:
+    """Import ``package.module`` and return its ``factory``.  Like ``python -m``, the current folder
+    goes on ``sys.path`` first: a console script (``kvspec``) does not put it there, and a target
+    such as ``examples.my_manager:make_target`` must load from the folder it is named in."""
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
         raise TargetLoadError(f"--target {name!r}: expected package.module:factory")
+    cwd = os.getcwd()
+    if all(os.path.abspath(p) != cwd for p in sys.path):
+        sys.path.insert(0, cwd)
     try:
         mod = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

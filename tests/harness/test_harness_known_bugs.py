@@ -18,6 +18,8 @@ def test_each_known_bug_has_its_reproduction_and_report():
     root = Path(__file__).parents[2]
     for bug in KNOWN_BUGS:
         assert (root / bug.reproduction).is_file() and (root / bug.report).is_file(), bug.id
+        fix_file = bug.fix.split(": ", 1)[1].split(" ", 1)[0]  # "<layer>: <file> (<how>)"
+        assert (root / fix_file).is_file(), (bug.id, bug.fix)
 
 
 def test_matching_is_by_signature():

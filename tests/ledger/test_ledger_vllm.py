@@ -8,7 +8,16 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from ledger_cases import CANDIDATES, drive, is_known_vllm_trigger, replay_ops
+from ledger_cases import (
+    CANDIDATES,
+    CHUNKED,
+    FULL_LOAD,
+    FULL_LOAD_OPS,
+    drive,
+    full_remote_load_ops,
+    is_known_vllm_trigger,
+    replay_ops,
+)
 
 from harness.families import FAMILIES
 from harness.lockstep import FindingError, Lockstep
@@ -99,3 +108,40 @@ def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family):
         run_machine(cls, profile_settings("dev", max_examples=8, database=None), seed=7, shrink_seconds=30)
     except Exception:
         pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
+
+
+# --- the proposed fixes (harness/fixes_vllm.py, ``--target vllm-fixed``) ------------------------------
+
+SWA_LOAD = KVCacheConfig(20, (sliding_window(4, 7),), 40)
+SWA_LOAD_OPS = full_remote_load_ops(tuple(range(1, 15)), hit=0)  # P=14: (P - W + 1) % B == 0, K1's condition
+
+
+def _run(target, config, ops, relation):
+    ls = Lockstep(config, target, relation, strict_known=True)
+    ls.start()
+    for op in ops:
+        ls.apply(op)
+    return ls
+
+
+@pytest.mark.parametrize(
+    "config, ops", [(FULL_LOAD, FULL_LOAD_OPS), (SWA_LOAD, SWA_LOAD_OPS)], ids=["chunked", "window"]
+)
+def test_k1_fix_removes_the_null_read_and_still_releases_the_window(vllm_factory, config, ops):
+    from harness.fixes_vllm import FixedVllmTarget
+
+    with pytest.raises(FindingError) as e:  # control: vLLM 0.33 as released
+        _run(vllm_factory(), config, ops, "invariants")
+    assert e.value.finding.kind == "kv-ledger"
+    ls = _run(FixedVllmTarget(), config, ops, "invariants")
+    if config is SWA_LOAD:  # token 13 reads [7, 13]: block 0 (positions 0-3) may go, and does
+        assert ls.tgt_obs.tables[0]["r"][0] == 0
+
+
+def test_k3_fix_refuses_the_config(vllm_factory):
+    from harness.fixes_vllm import FixedVllmTarget
+    from harness.targets.base import Unsupported
+
+    with pytest.raises(Unsupported, match="not a multiple"):
+        FixedVllmTarget().reset(CHUNKED)
+    FixedVllmTarget().reset(KVCacheConfig(20, (chunked_local(2, 6),), 40))  # a block multiple is fine
