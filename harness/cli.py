@@ -178,9 +178,11 @@ def _restored_environ(*names: str) -> Iterator[None]:
 
 def fuzz(args: argparse.Namespace) -> int:
     """``kvspec fuzz``: every option checked before any work (``UsageError``, exit 2), then the run with
-    SIGINT and SIGTERM handled (``harness.fuzzing.SIGNALS``: a clean stop that keeps a finding), then the
+    SIGINT and SIGTERM handled (``harness.signals.SIGNALS``: a clean stop that keeps a finding), then the
     summary and the report (``finish_fuzz``)."""
-    from harness.fuzzing import SIGNALS, FuzzResult, Interrupted, finish_fuzz
+    from harness.fuzz_finish import finish_fuzz
+    from harness.fuzzing import FuzzResult
+    from harness.signals import SIGNALS, Interrupted
 
     families = _check_fuzz_options(args)
     _set_fuzz_environ(args)
@@ -360,7 +362,7 @@ def replay_cmd(args: argparse.Namespace) -> int:
     from harness.ops import TraceFormatError
     from harness.replay import UntrustedTarget, replay, replay_target
     from harness.targets import TargetLoadError
-    from harness.trace import find_traces
+    from harness.trace_folders import find_traces
 
     if not 0 <= args.step_timeout <= 86400:  # NaN too
         raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")

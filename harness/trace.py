@@ -70,7 +70,7 @@ with a field twice; deeper nesting, NaN and Infinity are refused.  Each step's `
 expected outcome: the reference spec's (or, when the trace was recorded without a reference, the
 target's).
 
-``find_traces`` expands folders: it walks them (not into hidden folders or virtualenvs), skips
+``harness.trace_folders.find_traces`` expands folders: it walks them (not into hidden folders or virtualenvs), skips
 ``.json`` files that are not kvspec traces (no top-level ``kvspec_trace`` field) and reports them as
 skipped; a file that is a trace but a bad one is an error.
 """
@@ -78,55 +78,52 @@ skipped; a file that is a trace but a bad one is an error.
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import ops as O
 from harness.equality import RELATIONS
 from harness.ops import (
     MAX_BLOCK_SIZE,
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
     MAX_TEXT_CHARS,
-    MAX_TOKEN_ID,
     MAX_TOKENS,
     Op,
     TraceFormatError,
     describe,
     describe_names,
-    key_path,
     op_from_json,
     op_to_json,
     want_bool,
     want_choice,
     want_int,
-    want_int_list,
     want_list,
     want_object,
     want_str,
+)
+from harness.trace_schema import (
+    MAX_GROUPS,
+    MAX_TRACE_BYTES,
+    Parser,
+    finding_from_json,
+    int_in,
+    json_value,
+    nullable,
+    outcome_from_json,
+    str_of,
 )
 from spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig, Profile
 from spec.types import BlockCount, TokenCount
 
 TRACE_VERSION = 1
 
-MAX_TRACE_BYTES = 16 << 20  # a trace file
-MAX_DEPTH = 64  # nesting of the free-form JSON parts (``expected``, ``kv``, ``extra``, ...)
 MAX_STEPS = 10_000
-MAX_GROUPS = 64
-MAX_EVENTS = 1 << 16  # events of one ``take_events`` outcome
-MAX_LONG_TEXT = 1 << 20  # a finding's message, traceback, markdown
 # Replay work: lockstep observes and compares the whole pool after every step (about 0.8 us per block
 # and step), so num_blocks x steps is bounded too: 2**24 is about 13 s of replay.
 MAX_BLOCK_STEPS = 1 << 24
-INT32 = (-(1 << 31), (1 << 31) - 1)  # block ids and counts a target reported
-_MARKER = b'"kvspec_trace"'
 
 
 @dataclass
@@ -173,22 +170,6 @@ def config_to_json(config: KVCacheConfig) -> dict[str, Any]:
     }
 
 
-Parser = Callable[[Any, str], Any]
-
-
-def _nullable(parse: Parser) -> Parser:
-    """``parse``, or ``null`` as None."""
-    return lambda v, w: None if v is None else parse(v, w)
-
-
-def _int_in(lo: int, hi: int) -> Parser:
-    return lambda v, w: want_int(v, w, lo, hi)
-
-
-def _str_of(max_chars: int, min_chars: int = 0) -> Parser:
-    return lambda v, w: want_str(v, w, max_chars, min_chars)
-
-
 def _watermark(value: Any, where: str) -> float:
     if type(value) not in (int, float) or not 0 <= value < 1:
         raise TraceFormatError(f"{where}: expected a number >= 0 and < 1, got {describe(value)}")
@@ -201,9 +182,9 @@ _CONFIG_OPTIONAL: dict[str, Parser] = {
     "hash_algo": lambda v, w: want_choice(v, w, typing.get_args(HashAlgo)),
     "enable_kv_cache_events": want_bool,
     "watermark": _watermark,
-    "max_in_flight_tokens": _nullable(_int_in(0, MAX_TOKENS)),
+    "max_in_flight_tokens": nullable(int_in(0, MAX_TOKENS)),
     "profile": lambda v, w: Profile(want_choice(v, w, (p.value for p in Profile))),
-    "hash_block_size_override": _nullable(_int_in(1, MAX_BLOCK_SIZE)),
+    "hash_block_size_override": nullable(int_in(1, MAX_BLOCK_SIZE)),
 }
 ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
 
@@ -218,8 +199,8 @@ def _group(g: Any, where: str) -> AttentionSpec:
     return AttentionSpec(
         kind,  # type: ignore[arg-type]
         TokenCount(want_int(g["block_size"], f"{where}.block_size", 1, MAX_BLOCK_SIZE)),
-        _nullable(_int_in(1, MAX_TOKENS))(g.get("sliding_window"), f"{where}.sliding_window"),
-        _nullable(_int_in(1, MAX_TOKENS))(g.get("attention_chunk_size"), f"{where}.attention_chunk_size"),
+        nullable(int_in(1, MAX_TOKENS))(g.get("sliding_window"), f"{where}.sliding_window"),
+        nullable(int_in(1, MAX_TOKENS))(g.get("attention_chunk_size"), f"{where}.attention_chunk_size"),
     )
 
 
@@ -238,175 +219,6 @@ def config_from_json(obj: Any, where: str = "config") -> KVCacheConfig:
         return config.validate()
     except ConfigError as e:
         raise TraceFormatError(f"{where}: {e}") from None
-
-
-# --- free-form JSON, outcomes, observations ------------------------------------------------------
-
-
-def json_value(value: Any, where: str) -> Any:
-    """``value`` if it is JSON nested at most ``MAX_DEPTH`` levels, with finite numbers and valid
-    Unicode strings (an error names the JSON path of the first bad part)."""
-    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
-    while stack:
-        v, w, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise TraceFormatError(f"{w}: nested deeper than {MAX_DEPTH} levels")
-        if type(v) is dict:
-            for k, item in v.items():
-                want_str(k, f"{w} (a field name)", MAX_TEXT_CHARS)
-                stack.append((item, key_path(w, k), depth + 1))
-        elif type(v) is list:
-            stack.extend((item, f"{w}[{i}]", depth + 1) for i, item in enumerate(v))
-        elif type(v) is str:
-            want_str(v, w, MAX_TRACE_BYTES)
-        elif type(v) is float and not math.isfinite(v):
-            raise TraceFormatError(f"{w}: expected a finite number, got {describe(v)}")
-        elif v is not None and type(v) not in (bool, int, float):
-            raise TraceFormatError(f"{w}: not a JSON value: {describe(v)}")
-    return value
-
-
-def _block_id(v: Any, w: str) -> int:
-    return want_int(v, w, *INT32)
-
-
-def _list_of(parse: Parser, max_len: int) -> Parser:
-    return lambda v, w: [parse(item, f"{w}[{i}]") for i, item in enumerate(want_list(v, w, max_len))]
-
-
-def _map_of(parse_value: Parser, max_key_chars: int = MAX_NAME_CHARS) -> Parser:
-    """An object whose field names are data (request ids, block ids): each value parsed."""
-
-    def parse(v: Any, w: str) -> dict[str, Any]:
-        obj = want_object(v, w, optional=None)
-        for k in obj:
-            want_str(k, f"{w} (a field name)", max_key_chars, 1)
-        return {k: parse_value(item, key_path(w, k)) for k, item in obj.items()}
-
-    return parse
-
-
-_block_table = _list_of(_list_of(_block_id, MAX_NUM_BLOCKS), MAX_GROUPS)
-_hash = _str_of(MAX_TEXT_CHARS)
-_EVENT_FIELDS: dict[str, dict[str, Parser]] = {
-    "BlockStored": {
-        "block_hashes": _list_of(_hash, MAX_NUM_BLOCKS),
-        "parent_block_hash": _nullable(_hash),
-        "token_ids": lambda v, w: list(want_int_list(v, w, 0, MAX_TOKEN_ID, MAX_TOKENS)),
-        "block_size": _int_in(1, MAX_BLOCK_SIZE),
-        "group_id": _int_in(0, MAX_GROUPS - 1),
-    },
-    "BlockRemoved": {"block_hashes": _list_of(_hash, MAX_NUM_BLOCKS), "group_id": _int_in(0, MAX_GROUPS - 1)},
-    "AllBlocksCleared": {},
-}
-
-
-def _fields(value: Any, where: str, parsers: dict[str, Parser]) -> dict[str, Any]:
-    """An object with exactly the fields of ``parsers``, each parsed."""
-    obj = want_object(value, where, parsers)
-    return {k: parse(obj[k], key_path(where, k)) for k, parse in parsers.items()}
-
-
-def _event(value: Any, where: str) -> dict[str, Any]:
-    kind = want_choice(want_object(value, where, ("type",), None)["type"], f"{where}.type", _EVENT_FIELDS)
-    fields = _EVENT_FIELDS[kind]
-    want_object(value, where, ("type", *fields))
-    return {"type": kind, **{k: parse(value[k], key_path(where, k)) for k, parse in fields.items()}}
-
-
-_OUTCOMES: dict[type, Parser] = {
-    O.GetComputedBlocks: lambda v, w: _fields(
-        v, w, {"block_ids": _block_table, "num_hit_tokens": _int_in(0, MAX_TOKENS)}
-    ),
-    O.AllocateSlots: lambda v, w: _fields(v, w, {"block_ids": _block_table}),
-    O.ResetPrefixCache: want_bool,
-    O.TakeEvents: _list_of(_event, MAX_EVENTS),
-}
-
-
-def outcome_from_json(op: Op, value: Any, where: str) -> Any:
-    """A recorded outcome of ``op``, of the form docs/targets.md gives (null: none was recorded)."""
-    if value is None:
-        return None
-    parse = _OUTCOMES.get(type(op))
-    if parse is None:
-        raise TraceFormatError(f"{where}: expected null ({op.op!r} has no outcome), got {describe(value)}")
-    return parse(value, where)
-
-
-_int32 = _int_in(*INT32)
-_observation: Parser = lambda v, w: _fields(  # noqa: E731
-    v,
-    w,
-    {
-        "tables": _list_of(_map_of(_list_of(_block_id, MAX_NUM_BLOCKS)), MAX_GROUPS),
-        "num_cached_block": _list_of(_map_of(_nullable(_int32)), MAX_GROUPS),
-        "blocks": _map_of(
-            lambda b, bw: _fields(b, bw, {"ref_cnt": _int32, "hash": _nullable(_hash), "free_pos": _nullable(_int32)}),
-            32,
-        ),
-        "free_queue": _list_of(_block_id, MAX_NUM_BLOCKS),
-        "num_hashes": _map_of(_int32),
-    },
-)
-WITNESS_OBSERVATIONS = ("spec_before", "target_before", "spec_after", "target_after")
-
-
-def _witness(value: Any, where: str) -> dict[str, Any]:
-    obj = want_object(value, where, optional=None)
-    return {
-        k: _observation(v, key_path(where, k)) if k in WITNESS_OBSERVATIONS else json_value(v, key_path(where, k))
-        for k, v in obj.items()
-    }
-
-
-# --- the finding --------------------------------------------------------------------------------
-
-_long_text = _nullable(_str_of(MAX_LONG_TEXT))
-_FINDING_FIELDS: dict[str, Parser] = {
-    "kind": _str_of(MAX_NAME_CHARS, 1),
-    "message": _str_of(MAX_LONG_TEXT),
-    "op": lambda v, w: None if v is None else _op_json(v, w),
-    "expected": json_value,
-    "actual": json_value,
-    "invariant": _nullable(_str_of(MAX_NAME_CHARS)),
-    "blocks": _list_of(_block_id, MAX_NUM_BLOCKS),
-    "requests": _list_of(_str_of(MAX_NAME_CHARS, 1), MAX_NUM_BLOCKS),
-    "witness": _witness,
-    "traceback": _long_text,
-    "kv": lambda v, w: None if v is None else json_value(want_object(v, w, optional=None), w),
-    "kv_markdown": _long_text,
-}
-
-
-def _op_json(value: Any, where: str) -> dict[str, Any]:
-    """An operation in JSON form, checked (kept as JSON: the report names it)."""
-    op_from_json(value, where)
-    return dict(value)
-
-
-def _finding_step(value: Any, where: str, num_steps: int) -> int | None:
-    if value is None:
-        return None
-    if num_steps == 0:
-        raise TraceFormatError(f"{where}: expected null (the trace has no steps), got {describe(value)}")
-    return want_int(value, where, 0, num_steps - 1)
-
-
-def finding_from_json(value: Any, where: str, num_steps: int) -> dict[str, Any] | None:
-    """A finding: the known fields typed (``step`` within the ``num_steps`` steps), others free JSON."""
-    if value is None:
-        return None
-    obj = want_object(value, where, ("kind", "step", "message"), None)
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        kw = key_path(where, k)
-        want_str(k, f"{where} (a field name)", MAX_NAME_CHARS, 1)
-        if k == "step":
-            out[k] = _finding_step(v, kw, num_steps)
-        else:
-            out[k] = _FINDING_FIELDS.get(k, json_value)(v, kw)
-    return out
 
 
 # --- trace <-> JSON ----------------------------------------------------------------------------
@@ -469,9 +281,9 @@ def _trace(obj: Any) -> Trace:
         steps=steps,
         target_name=want_str(target["name"], "target.name", MAX_NAME_CHARS, 1),
         target_version=want_str(target.get("version", ""), "target.version", MAX_TEXT_CHARS),
-        seed=_nullable(_int_in(-(1 << 63), (1 << 64) - 1))(obj.get("seed"), "seed"),
-        profile=_nullable(_str_of(MAX_NAME_CHARS))(obj.get("profile"), "profile"),
-        family=_nullable(_str_of(MAX_NAME_CHARS))(obj.get("family"), "family"),
+        seed=nullable(int_in(-(1 << 63), (1 << 64) - 1))(obj.get("seed"), "seed"),
+        profile=nullable(str_of(MAX_NAME_CHARS))(obj.get("profile"), "profile"),
+        family=nullable(str_of(MAX_NAME_CHARS))(obj.get("family"), "family"),
         relation=_relation(obj.get("relation", "exact")),
         finding=finding_from_json(obj.get("finding"), "finding", len(steps)),
         extra=json_value(want_object(obj.get("extra", {}), "extra", optional=None), "extra"),
@@ -547,7 +359,7 @@ def _long_number_at(text: str) -> str:
     return f" at line {line} column {m.start() - text.rfind(chr(10), 0, m.start())}"
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path) -> bytes:
     try:
         with path.open("rb") as f:
             data = f.read(MAX_TRACE_BYTES + 1)
@@ -570,94 +382,8 @@ def read_trace(path: str | Path) -> Trace:
     p = Path(path)
     if p.is_dir():
         p = p / "trace.json"
-    return loads_trace(_read_bytes(p), str(p))
+    return loads_trace(read_bytes(p), str(p))
 
 
 def dumps_trace(trace: Trace) -> str:
     return json.dumps(trace_to_json(trace), indent=1, sort_keys=False) + "\n"
-
-
-# --- finding the traces of folders ----------------------------------------------------------------
-
-
-@dataclass
-class TraceSet:
-    """The traces ``find_traces`` read, and the ``.json`` files it skipped (with why)."""
-
-    traces: list[tuple[Path, Trace]] = field(default_factory=list)
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-
-
-def find_traces(paths: list[str]) -> TraceSet:
-    """Read the traces named by ``paths``: a file must be a trace; a folder is walked for ``*.json``
-    files (not into hidden folders or virtualenvs), those that are not kvspec traces are skipped,
-    and it must hold at least one trace.  A bad trace raises ``TraceFormatError`` naming it."""
-    found = TraceSet()
-    for raw in paths:
-        if not raw:
-            raise TraceFormatError("an empty path names no trace file or folder (use '.' for this folder)")
-        p = Path(raw)
-        if p.is_dir():
-            _read_folder(p, found)
-        else:
-            found.traces.append((p, read_trace(p)))
-    return found
-
-
-def _read_folder(root: Path, found: TraceSet) -> None:
-    before, skipped = len(found.traces), len(found.skipped)
-    for path in _json_files(root):
-        trace = _sniff(path)
-        if isinstance(trace, str):
-            found.skipped.append((path, trace))
-        else:
-            found.traces.append((path, trace))
-    if len(found.traces) == before:
-        others = len(found.skipped) - skipped
-        raise TraceFormatError(
-            f"{root}: folder holds no kvspec traces" + (f" ({others} other .json file(s) skipped)" if others else "")
-        )
-
-
-def _skip_folder(path: Path) -> bool:
-    """Hidden folders (``.git``, ``.venv``, ``.hypothesis``, report temporaries) and virtualenvs."""
-    return path.name.startswith(".") or (path / "pyvenv.cfg").exists()
-
-
-def _json_files(root: Path) -> list[Path]:
-    """The regular ``*.json`` files below ``root``, sorted, outside the folders ``_skip_folder`` names."""
-    out: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not _skip_folder(here / d))
-        out += [here / n for n in filenames if n.lower().endswith(".json") and (here / n).is_file()]
-    return sorted(out)
-
-
-def _head(path: Path, n: int = 4096) -> bytes:
-    try:
-        with path.open("rb") as f:
-            return f.read(n)
-    except OSError:
-        return b""
-
-
-def _sniff(path: Path) -> Trace | str:
-    """A file found in a folder: its trace, or why it is skipped (it is no kvspec trace).  A file
-    that is a trace (a top-level ``kvspec_trace`` field; or, unreadable as JSON, one that mentions
-    it) but a bad one raises ``TraceFormatError``."""
-    try:
-        data = _read_bytes(path)
-    except TraceFormatError as e:
-        if _MARKER in _head(path):
-            raise
-        return str(e).removeprefix(f"{path}: ")
-    try:
-        obj = parse_json(data, str(path))
-    except TraceFormatError as e:
-        if _MARKER in data:
-            raise
-        return f"not a kvspec trace ({str(e).removeprefix(f'{path}: ')})"
-    if type(obj) is not dict or "kvspec_trace" not in obj:
-        return "not a kvspec trace (no top-level 'kvspec_trace' field)"
-    return trace_from_json(obj, str(path))

@@ -11,7 +11,7 @@ For adaptive, coverage-guided fuzzing on many cores use HypoFuzz on the pytest p
 machines instead (README, docs/ci.md); this is the plain, deterministic-seed common case.
 ``python -m harness.bench_workers`` measures the speed-up of N workers over one.
 
-Signals: each worker handles SIGINT and SIGTERM like the single process (``harness.fuzzing.SIGNALS``:
+Signals: each worker handles SIGINT and SIGTERM like the single process (``harness.signals.SIGNALS``:
 stop, keep the smallest finding so far) and returns.  The workers start with both ignored (the
 disposition survives their ``exec``) until their handlers are installed, so a Ctrl-C during their
 start-up cannot kill one with a traceback.  The parent only notes a signal; its loop then sets the stop
@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from harness.fuzzing import SIGNALS, FuzzResult, fuzz_factory, progress_line, run_fuzz
+from harness.fuzzing import FuzzResult, fuzz_factory, progress_line, run_fuzz
+from harness.signals import SIGNALS
 
 GRACE_SECONDS = 10.0  # after a signal, how long the parent waits for the workers' results
 _STOP: Any = None  # the shared stop event, in each worker process
