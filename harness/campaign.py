@@ -3,7 +3,8 @@
 Each row is one mutant in one mode, fuzzed until the first finding (then shrunk and written as a
 report under ``--out``) or until ``--seconds`` pass: killed or not, which check killed it (the finding
 kind, and the invariant or the equality field that fired), the time to the first failing example,
-the time to the written report, and the shrunk trace's length.  Exit 1 if any mutant survives.
+the time to the written report, and the trace's length after Hypothesis' shrinking and after the
+trace reduction (``harness.reduce``, the report's length).  Exit 1 if any mutant survives.
 
 Modes:
 
@@ -27,6 +28,7 @@ killed no mutant.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -73,7 +75,8 @@ class Row:
     check: str = ""
     first_failure: float | None = None
     to_report: float | None = None
-    shrunk_steps: int | None = None
+    shrunk_steps: int | None = None  # after Hypothesis' shrinking
+    reduced_steps: int | None = None  # after the trace reduction (harness/reduce.py): the report's length
     report: Path | None = None
     note: str = ""
 
@@ -95,6 +98,7 @@ def add_parser(sub: Any) -> None:
     )
     m.add_argument("--seconds", type=float, default=60.0, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=10)
+    m.add_argument("--reduce-seconds", type=float, default=15.0, help="trace reduction bound (harness/reduce.py)")
     m.add_argument("--seed", type=int, default=11)
     m.add_argument("--profile", default="ci")
     m.add_argument("--batch", type=int, default=25, help="examples per family before rotating")
@@ -239,6 +243,7 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
         profile=opts.profile,
         batch=opts.batch,
         shrink_seconds=opts.shrink_seconds,
+        reduce_seconds=opts.reduce_seconds,
         step_timeout=opts.step_timeout,
         kv_check=False,
     )
@@ -258,6 +263,7 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
         check_of(res.trace["finding"]),
         res.first_finding_after,
         time.monotonic() - start,
+        res.shrunk_steps,
         len(res.trace["steps"]),
         report,
     )
@@ -291,7 +297,7 @@ def uncovered(rows: list[Row]) -> list[str]:
 
 
 def render_table(rows: list[Row]) -> Iterator[str]:
-    head = ("mutant", "origin", "mode", "family", "killed", "killed by", "1st failure", "report", "shrunk")
+    head = ("mutant", "origin", "mode", "family", "killed", "killed by", "1st failure", "report", "shrunk", "reduced")
     cells = [
         (
             r.entry.name,
@@ -303,6 +309,7 @@ def render_table(rows: list[Row]) -> Iterator[str]:
             _secs(r.first_failure),
             _secs(r.to_report),
             "-" if r.shrunk_steps is None else f"{r.shrunk_steps} steps",
+            "-" if r.reduced_steps is None else f"{r.reduced_steps} steps",
         )
         for r in rows
     ]
@@ -348,6 +355,9 @@ def mutants_cmd(args: argparse.Namespace) -> int:
         print(line)
     killed = sum(r.killed for r in rows)
     print(f"\nkvspec mutants: {killed}/{len(rows)} killed; reports under {args.out}")
+    times = sorted(r.to_report for r in rows if r.to_report is not None)
+    if times:
+        print(f"start to report: median {statistics.median(times):.1f}s, worst {times[-1]:.1f}s")
     if args.target is None and not args.only:
         rest = uncovered(rows)
         print(f"checks that killed no mutant ({len(rest)} of {len(all_checks())}): {', '.join(rest) or 'none'}")

@@ -25,6 +25,7 @@ docs/families.md lists every spec input and the family that varies it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -71,11 +72,18 @@ def workload_features(family: str) -> frozenset[str]:
 
 def near_multiples(m: int, lo: int, hi: int) -> st.SearchStrategy[int]:
     """Integers in ``[lo, hi]``, half of the time at or next to a multiple of ``m``."""
-    hi = max(lo, hi)
-    points = sorted({x for k in range(0, hi // max(m, 1) + 2) for x in (k * m - 1, k * m, k * m + 1) if lo <= x <= hi})
+    points = near_points(m, lo, hi)
     if not points:
-        return st.integers(lo, hi)
-    return st.one_of(st.sampled_from(points), st.integers(lo, hi))
+        return st.integers(lo, max(lo, hi))
+    return st.one_of(st.sampled_from(points), st.integers(lo, max(lo, hi)))
+
+
+@functools.lru_cache(maxsize=4096)
+def near_points(m: int, lo: int, hi: int) -> tuple[int, ...]:
+    """The integers in ``[lo, hi]`` at or next to a multiple of ``m``, sorted."""
+    hi = max(lo, hi)
+    near = {x for k in range(hi // max(m, 1) + 2) for x in (k * m - 1, k * m, k * m + 1)}
+    return tuple(sorted(x for x in near if lo <= x <= hi))
 
 
 @st.composite

@@ -12,7 +12,6 @@ failures of exactly that combination first.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 import traceback
@@ -27,7 +26,7 @@ from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from harness import ops as O
-from harness.families import configs, near_multiples, workload_features
+from harness.families import configs, near_points, workload_features
 from harness.lockstep import Finding, FindingError, Lockstep
 from harness.targets.base import Target, Unsupported
 from harness.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
@@ -104,48 +103,31 @@ class DrawChoices:
     """``harness.workload.Choices`` backed by Hypothesis draws (so choices shrink)."""
 
     def __init__(self, data: Any) -> None:
-        self.data = data
+        self.data = data.conjecture_data
 
     def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int:
         if hi <= lo:
             return lo
-        return int(self.data.draw(_integers(lo, hi, boundary or 0), label=label))
+        points = near_points(boundary, lo, hi) if boundary else ()
+        if points and not self.data.draw_boolean():  # half of the time near a multiple (shrinks there)
+            return int(points[self._index(len(points))])
+        return int(self.data.draw_integer(lo, hi))
 
     def boolean(self, label: str) -> bool:
-        return bool(self.data.draw(_BOOLEANS, label=label))
+        return bool(self.data.draw_boolean())
 
     def token(self, label: str) -> int:
-        return int(self.data.draw(_TOKEN, label=label))
+        return ALPHABET[self._index(len(ALPHABET))]
 
     def tokens(self, n: int, label: str) -> tuple[int, ...]:
-        return tuple(self.data.draw(_tokens(n), label=label))
+        return tuple(ALPHABET[self._index(len(ALPHABET))] for _ in range(n))
 
     def choice(self, options: Sequence[T], label: str) -> T:
-        small = len(options) <= 64 and all(isinstance(o, (int, str)) for o in options)
-        strat = _sampled(tuple(options)) if small else st.sampled_from(options)
-        return self.data.draw(strat, label=label)  # type: ignore[no-any-return]
+        return options[self._index(len(options))]
 
-
-# Strategies are built once per shape: Hypothesis validates each new strategy object on its first
-# draw, which cost more than the draw itself when a fresh one was built for every choice (profile
-# of ``kvspec fuzz``; ``python -m harness.bench lockstep``).  Same strategies, same choice sequences.
-_BOOLEANS = st.booleans()
-_TOKEN = st.sampled_from(ALPHABET)
-
-
-@functools.lru_cache(maxsize=4096)
-def _integers(lo: int, hi: int, boundary: int) -> st.SearchStrategy[int]:
-    return near_multiples(boundary, lo, hi) if boundary else st.integers(lo, hi)
-
-
-@functools.lru_cache(maxsize=4096)
-def _sampled(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
-    return st.sampled_from(options)
-
-
-@functools.lru_cache(maxsize=1024)
-def _tokens(n: int) -> st.SearchStrategy[list[int]]:
-    return st.lists(_TOKEN, min_size=n, max_size=n)
+    def _index(self, n: int) -> int:
+        assert n > 0, "a choice among no options"
+        return int(self.data.draw_integer(0, n - 1)) if n > 1 else 0
 
 
 class KVMachine(RuleBasedStateMachine):

@@ -270,7 +270,7 @@ def _trace(obj: Any) -> Trace:
             raise TraceFormatError(f"missing field {name!r}")
     config = config_from_json(obj["config"], "config")
     target = want_object(obj["target"], "target", ("name",), ("version",))
-    steps = _steps(obj["steps"])
+    steps = _steps(obj["steps"], config)
     if config.num_blocks * len(steps) > MAX_BLOCK_STEPS:
         raise TraceFormatError(
             f"steps: {len(steps)} steps on {config.num_blocks} blocks: num_blocks x steps must be <= "
@@ -296,14 +296,15 @@ def _relation(value: Any) -> str:
     return value
 
 
-def _steps(value: Any) -> list[tuple[Op, Any]]:
+def _steps(value: Any, config: KVCacheConfig) -> list[tuple[Op, Any]]:
     steps: list[tuple[Op, Any]] = []
     for i, s in enumerate(want_list(value, "steps", MAX_STEPS)):
         sw = f"steps[{i}]"
         op = op_from_json(s, sw)
         if "outcome" not in s:
             raise TraceFormatError(f"{sw}: missing field 'outcome'")
-        steps.append((op, outcome_from_json(op, s["outcome"], f"{sw}.outcome")))
+        outcome = outcome_from_json(op, s["outcome"], f"{sw}.outcome", len(config.groups), config.num_blocks)
+        steps.append((op, outcome))
     return steps
 
 

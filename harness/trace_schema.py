@@ -8,27 +8,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from harness import ops as O
 from harness.ops import (
-    MAX_BLOCK_SIZE,
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
     MAX_TEXT_CHARS,
-    MAX_TOKEN_ID,
-    MAX_TOKENS,
     Op,
     TraceFormatError,
     describe,
     key_path,
     op_from_json,
-    want_bool,
-    want_choice,
     want_int,
-    want_int_list,
     want_list,
     want_object,
     want_str,
 )
+from harness.outcome_schema import outcome_problem
 
 MAX_TRACE_BYTES = 16 << 20  # a trace file, and any string in it
 MAX_GROUPS = 64
@@ -100,52 +94,24 @@ def _map_of(parse_value: Parser, max_key_chars: int = MAX_NAME_CHARS) -> Parser:
     return parse
 
 
-_block_table = _list_of(_list_of(_block_id, MAX_NUM_BLOCKS), MAX_GROUPS)
 _hash = str_of(MAX_TEXT_CHARS)
-_EVENT_FIELDS: dict[str, dict[str, Parser]] = {
-    "BlockStored": {
-        "block_hashes": _list_of(_hash, MAX_NUM_BLOCKS),
-        "parent_block_hash": nullable(_hash),
-        "token_ids": lambda v, w: list(want_int_list(v, w, 0, MAX_TOKEN_ID, MAX_TOKENS)),
-        "block_size": int_in(1, MAX_BLOCK_SIZE),
-        "group_id": int_in(0, MAX_GROUPS - 1),
-    },
-    "BlockRemoved": {"block_hashes": _list_of(_hash, MAX_NUM_BLOCKS), "group_id": int_in(0, MAX_GROUPS - 1)},
-    "AllBlocksCleared": {},
-}
+
+
+def outcome_from_json(op: Op, value: Any, where: str, num_groups: int, num_blocks: int) -> Any:
+    """A recorded outcome of ``op``: null (none was recorded) or the form a target returns, checked by
+    the one definition of those forms (``harness.outcome_schema``, docs/targets.md)."""
+    if value is None:
+        return None
+    bad = outcome_problem(op, value, num_groups, num_blocks)
+    if bad is not None:
+        raise TraceFormatError(f"{where}{bad.where.removeprefix('outcome')}: expected {bad.expected}, got {bad.got}")
+    return value
 
 
 def _fields(value: Any, where: str, parsers: dict[str, Parser]) -> dict[str, Any]:
     """An object with exactly the fields of ``parsers``, each parsed."""
     obj = want_object(value, where, parsers)
     return {k: parse(obj[k], key_path(where, k)) for k, parse in parsers.items()}
-
-
-def _event(value: Any, where: str) -> dict[str, Any]:
-    kind = want_choice(want_object(value, where, ("type",), None)["type"], f"{where}.type", _EVENT_FIELDS)
-    fields = _EVENT_FIELDS[kind]
-    want_object(value, where, ("type", *fields))
-    return {"type": kind, **{k: parse(value[k], key_path(where, k)) for k, parse in fields.items()}}
-
-
-_OUTCOMES: dict[type, Parser] = {
-    O.GetComputedBlocks: lambda v, w: _fields(
-        v, w, {"block_ids": _block_table, "num_hit_tokens": int_in(0, MAX_TOKENS)}
-    ),
-    O.AllocateSlots: lambda v, w: _fields(v, w, {"block_ids": _block_table}),
-    O.ResetPrefixCache: want_bool,
-    O.TakeEvents: _list_of(_event, MAX_EVENTS),
-}
-
-
-def outcome_from_json(op: Op, value: Any, where: str) -> Any:
-    """A recorded outcome of ``op``, of the form docs/targets.md gives (null: none was recorded)."""
-    if value is None:
-        return None
-    parse = _OUTCOMES.get(type(op))
-    if parse is None:
-        raise TraceFormatError(f"{where}: expected null ({op.op!r} has no outcome), got {describe(value)}")
-    return parse(value, where)
 
 
 _int32 = int_in(*INT32)

@@ -91,7 +91,7 @@ def _with(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
 OUTCOME_CASES: dict[str, tuple[type, Callable[[Any], Any], str]] = {
     # name: (operation kind, corruption, a piece of the expected message)
     "hit-a-string": (O.GetComputedBlocks, lambda out: "no hits", "expected a dict, got 'no hits'"),
-    "hit-float-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=0.0), 'num_hit_tokens"]: expected an int'),
+    "hit-float-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=0.0), 'outcome.num_hit_tokens: expected an int'),
     "hit-bool-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=False), "expected an int, got False"),
     "hit-missing-key": (O.GetComputedBlocks, _drop("num_hit_tokens"), "missing ['num_hit_tokens']"),
     "hit-extra-group": (O.GetComputedBlocks, _with(block_ids=[[], []]), "one per group (length 1, not 2)"),
@@ -107,8 +107,8 @@ OUTCOME_CASES: dict[str, tuple[type, Callable[[Any], Any], str]] = {
     "events-a-dict": (O.TakeEvents, lambda out: {"events": out}, "expected a list of events"),
     "events-bad-type": (O.TakeEvents, lambda out: [{"type": "Stored"}], "expected one of ['AllBlocksCleared'"),
     "events-bad-hash": (O.TakeEvents, lambda out: [{**out[0], "block_hashes": ["zz"]}], "expected a hex string"),
-    "free-not-none": (O.Free, lambda out: True, "expected None, got True"),
-    "add-not-none": (O.AddRequest, lambda out: 0, "expected None, got 0"),
+    "free-not-none": (O.Free, lambda out: True, "expected None (the operation has no outcome), got True"),
+    "add-not-none": (O.AddRequest, lambda out: 0, "expected None (the operation has no outcome), got 0"),
 }
 
 

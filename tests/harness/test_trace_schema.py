@@ -258,13 +258,13 @@ BAD_INPUTS: list[tuple[str, Callable[[], bytes], str, tuple[str, ...]]] = [
     (
         "reset_prefix_cache outcome 1 (True == 1 before)",
         _edit(_add_step({"op": "reset_prefix_cache", "outcome": 1})),
-        "steps[8].outcome: expected true or false, got 1",
+        "steps[8].outcome: expected a bool, got 1",
         BOTH,
     ),
     (
         "an outcome on an operation without one",
         _edit(_add_step({"op": "free", "request_id": "r1", "outcome": {"block_ids": [[1]]}})),
-        "steps[8].outcome: expected null ('free' has no outcome)",
+        "steps[8].outcome: expected None (the operation has no outcome)",
         BOTH,
     ),
     (
