@@ -104,11 +104,14 @@ def observation_differences(ref: Observation, tgt: Observation, limit: int = 8) 
     if ref.num_blocks != tgt.num_blocks:
         out.append(ObsDiff("ref_cnt", f"{ref.num_blocks} blocks expected, {tgt.num_blocks} observed"))
     else:
-        bad = tuple(b for b in range(1, ref.num_blocks) if ref.ref_cnt[b] != tgt.ref_cnt[b])
+        # Whole-tuple equality first (in C); the per-block walk only names the blocks of a difference.
+        same_refs = ref.ref_cnt[1:] == tgt.ref_cnt[1:]
+        bad = () if same_refs else tuple(b for b in range(1, ref.num_blocks) if ref.ref_cnt[b] != tgt.ref_cnt[b])
         if bad:
             detail = ", ".join(f"{b}: {ref.ref_cnt[b]} vs {tgt.ref_cnt[b]}" for b in bad[:6])
             out.append(ObsDiff("ref_cnt", f"ref counts differ (expected vs observed) {detail}", bad))
-        badk = tuple(b for b in range(ref.num_blocks) if ref.block_key[b] != tgt.block_key[b])
+        same_keys = ref.block_key == tgt.block_key
+        badk = () if same_keys else tuple(b for b in range(ref.num_blocks) if ref.block_key[b] != tgt.block_key[b])
         if badk:
             detail = ", ".join(f"{b}: {_hk(ref.block_key[b])} vs {_hk(tgt.block_key[b])}" for b in badk[:6])
             out.append(ObsDiff("block_key", f"block hashes differ (expected vs observed) {detail}", badk))

@@ -142,9 +142,11 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         return Observation(
             tables=tuple({str(r): tuple(int(b) for b in t) for r, t in g.req_to_blocks.items()} for g in s.groups),
             num_cached_block=tuple({str(r): int(n) for r, n in g.num_cached_block.items()} for g in s.groups),
-            ref_cnt=(0,) + tuple(int(c) for c in pool.ref_cnt[1:]),
-            free_queue=tuple(int(b) for b in pool.free_queue),
-            block_key=tuple(None if k is None else bytes(k) for k in pool.block_key),
+            # The pool's per-block tuples hold plain ints and bytes already (``NewType`` is free at run
+            # time): shared, not copied element by element (``python -m harness.bench lockstep``).
+            ref_cnt=pool.ref_cnt if not pool.ref_cnt or pool.ref_cnt[0] == 0 else (0, *pool.ref_cnt[1:]),
+            free_queue=pool.free_queue,
+            block_key=pool.block_key,
             cached={bytes(k): tuple(int(b) for b in ids) for k, ids in pool.cached.items()},
             request_block_hashes={rid: tuple(bytes(h) for h in r.block_hashes) for rid, r in self.requests.items()},
             block_key_tokens=tuple(pool.block_key_tokens),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
 
@@ -319,6 +320,10 @@ class VllmTarget(ManagerAdapter[Any]):
             raise ValueError("VllmTarget.observe called before reset(config)")
         managers = self._manager.coordinator.single_type_managers
         pool = self._manager.block_pool
+        # Per-block fields read with ``map`` and ``attrgetter`` (the walk runs in C; the properties
+        # ``block_hash`` / ``block_hash_num_tokens`` return these attributes, reset together).
+        ref_cnt = list(map(_REF_CNT, pool.blocks))
+        ref_cnt[pool.null_block.block_id] = 0  # the null block's count is not maintained
         return Observation(
             # req_to_blocks is a defaultdict: a lookup of an unknown id (remove_skipped_blocks, a
             # failed allocation) leaves an empty table behind; it is reported as vLLM holds it.
@@ -326,12 +331,12 @@ class VllmTarget(ManagerAdapter[Any]):
                 {rid: tuple(b.block_id for b in blocks) for rid, blocks in m.req_to_blocks.items()} for m in managers
             ),
             num_cached_block=tuple(dict(m.num_cached_block) for m in managers),
-            ref_cnt=tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks),
+            ref_cnt=tuple(ref_cnt),
             free_queue=_free_queue_ids(pool.free_block_queue),
-            block_key=tuple(None if b.block_hash is None else bytes(b.block_hash) for b in pool.blocks),
+            block_key=tuple(map(_BLOCK_HASH, pool.blocks)),
             cached=_cached_map(pool.cached_block_hash_to_block),
             request_block_hashes={rid: self._observed_hashes(rid, r) for rid, r in self.book.native.items()},
-            block_key_tokens=tuple(None if b.block_hash is None else b.block_hash_num_tokens for b in pool.blocks),
+            block_key_tokens=tuple(map(_BLOCK_HASH_TOKENS, pool.blocks)),
             secondary_keys={
                 bid: frozenset(bytes(k) for k in keys)
                 for bid, keys in pool.cached_block_hashes_by_block.items()
@@ -373,6 +378,11 @@ def _make_prompt_embeds(v: SimpleNamespace, rows: tuple[str, ...] | None) -> Any
 def _block_ids(blocks: Any) -> list[list[int]]:
     """``KVCacheBlocks.get_block_ids()`` as JSON lists, one per group."""
     return [list(ids) for ids in blocks.get_block_ids()]
+
+
+_REF_CNT = attrgetter("ref_cnt")
+_BLOCK_HASH = attrgetter("_block_hash")
+_BLOCK_HASH_TOKENS = attrgetter("_block_hash_num_tokens")
 
 
 def _free_queue_ids(queue: Any) -> tuple[int, ...]:
