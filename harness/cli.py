@@ -186,6 +186,10 @@ def fuzz(args: argparse.Namespace) -> int:
 
     families = _check_fuzz_options(args)
     _set_fuzz_environ(args)
+    from harness.vllm_sched.fuzz import fuzz_cli, handles
+
+    if handles(args.target):  # vLLM's real scheduler drives the manager (harness/vllm_sched/)
+        return fuzz_cli(args, families)
     tty = sys.stderr.isatty()
     with SIGNALS.installed():
         try:
@@ -231,10 +235,12 @@ def _check_fuzz_options(args: argparse.Namespace) -> list[str]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
     from harness.equality import RELATIONS
     from harness.families import parse_families
+    from harness.memory_guard import bound_from_env
     from harness.profiles import check_database, profile_settings
 
     _check_numbers(args, FUZZ_NUMBERS)
     try:
+        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.memory_guard)
         families = parse_families(args.family)
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -169,6 +169,10 @@ class KVSchedule(Generic[R]):
                     r.pending_ext = (lo, hi)
                 else:
                     self.events.load(r, es, ee)
+            if al.delay and hit_end <= n < ext_end:
+                # A delayed load that ends short of its end in one move (vLLM's real scheduler sets the
+                # count once, after the load): what a rise to the end then a fall would say.
+                r.recompute = _recompute_reason(r, ext_end, n) or r.recompute
             model_start = max(prev, ext_end)
         if n > model_start:
             self._run(r, model_start, n)

@@ -31,13 +31,19 @@ def test_campaign_table_names_the_killing_checks(tmp_path):
         "failure",
         "report",
         "shrunk",
+        "reduced",
     ]
-    rows = {(ln.split()[0], ln.split()[2]): ln for ln in lines[2:] if ln and not ln.startswith("kvspec")}
+    rows = {
+        (ln.split()[0], ln.split()[2]): ln
+        for ln in lines[2:]
+        if ln and not ln.startswith(("kvspec", "start to report"))
+    }
     assert "divergence: observation/free_queue" in rows[("free_order_appended", "exact")]
     assert "reference-invariant: free_order" in rows[("free_order_appended", "self")]
     assert "reference-invariant: null_block_is_inert" in rows[("null_block_queued", "self")]
     assert all(" yes " in row for row in rows.values())
     assert "3/3 killed" in r.stdout and len(list((tmp_path / "reports").iterdir())) == 3
+    assert "start to report: median" in r.stdout
 
 
 def test_a_users_mutants_are_registered_through_module_mutants(tmp_path):
@@ -132,12 +138,14 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
         profile="ci",
         batch=25,
         shrink_seconds=1,
+        reduce_seconds=5.0,
         step_timeout=10.0,
         use_db=False,
         out=str(tmp_path),
     )
     row = run_entry(entry, opts)
     assert row.killed and row.check == "divergence: outcome", row
+    assert row.reduced_steps is not None and row.shrunk_steps is not None and row.reduced_steps <= row.shrunk_steps
     assert KVCacheManager.__dict__["get_computed_blocks"] is original
 
 

@@ -343,3 +343,12 @@ def test_seconds_bounds_shrinking_and_reduction(tmp_path):
     assert "report written to" in stdout
     (report,) = (tmp_path / "r").iterdir()
     assert (report / "trace.json").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "nan MiB"])
+def test_a_bad_memory_bound_in_the_environment_is_a_usage_error(no_fuzzing, tmp_path, capsys, monkeypatch, value):
+    """``KVSPEC_TARGET_MEMORY_MB`` (harness.memory_guard) is checked with the options, before any work."""
+    monkeypatch.setenv("KVSPEC_TARGET_MEMORY_MB", value)
+    assert main(["fuzz", *BUG, "--out", str(tmp_path / "reports")]) == 2
+    err = capsys.readouterr().err
+    assert "KVSPEC_TARGET_MEMORY_MB" in err and "Traceback" not in err, err

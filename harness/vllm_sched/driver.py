@@ -1,0 +1,276 @@
+"""Drive vLLM's real ``Scheduler`` through its inputs only, from a ``harness.workload.Choices``.
+
+Each engine step: request arrivals (prompts built from a few shared prefixes, so prefix caching
+hits, of varied lengths and ``max_tokens``; with the KV connector, some with a remote prefix to
+load), sometimes an abort or a ``reset_prefix_cache``, then ``scheduler.schedule()`` and a
+``ModelRunnerOutput`` with sampled tokens for the requests it scheduled (a stop token sometimes; with
+speculative decoding, the accepted drafts and new drafts after the step), loads that complete or
+fail, and ``scheduler.update_from_output``.  The real scheduler decides everything else: admission,
+chunking, preemption, frees.  Pools are small, so preemption and refused admission are common.
+
+``draw_config`` draws a kvspec config of a family the real scheduler runs on CPU, ``draw_knobs``
+the scheduler knobs; ``run_one`` runs one scheduler for a number of steps with the spec in lockstep
+behind the manager proxy (``harness.vllm_sched.proxy``) and returns a ``RunResult``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from math import lcm
+from typing import Any
+
+from harness.finding import Finding, FindingError
+from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler
+from harness.vllm_sched.proxy import LockstepSink, install
+from harness.workload import Choices
+from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+from spec.types import BlockCount, TokenCount
+
+STOP_TOKEN = 7  # a sampled stop token (``stop_token_ids``); prompts never contain it
+SCHED_FAMILIES = (
+    "full",
+    "sliding_window",
+    "chunked_local",
+    "hybrid_equal",
+    "hybrid_diff",
+    "no_cache",
+    "connector",
+    "spec_decode",
+)
+"""Families the real scheduler runs here: the layouts of ``harness.families`` it supports on CPU, plus
+``connector`` (full or sliding window with the stub KV connector: async and sync loads, failed ones)
+and ``spec_decode`` (ngram speculative decoding: drafts, accepted counts, lookahead slots)."""
+
+
+def draw_config(ch: Choices, family: str) -> KVCacheConfig:
+    """A small kvspec config of ``family`` (one of ``SCHED_FAMILIES``)."""
+    bs = ch.choice((2, 4, 8), "block_size")
+    if family == "no_cache":
+        base = draw_config(ch, ch.choice(("full", "sliding_window", "hybrid_equal"), "layout"))
+        return KVCacheConfig(base.num_blocks, base.groups, base.max_model_len, enable_caching=False).validate()
+    if family in ("connector", "spec_decode"):
+        family = ch.choice(("full", "sliding_window"), "layout")
+    window = ch.integer(bs, 6 * bs, "window", boundary=bs)
+    groups: tuple[Any, ...]
+    if family == "full":
+        groups = (full_attention(bs),)
+    elif family == "sliding_window":
+        groups = (sliding_window(bs, window),)
+    elif family == "chunked_local":
+        groups = (chunked_local(bs, bs * ch.integer(1, 4, "chunk_blocks")),)
+    elif family == "hybrid_equal":
+        groups = (full_attention(bs), sliding_window(bs, window))
+    elif family == "hybrid_diff":
+        groups = (full_attention(bs), sliding_window(2 * bs, ch.integer(2 * bs, 8 * bs, "window", boundary=2 * bs)))
+    else:
+        raise ValueError(f"unknown scheduler family {family!r} (known: {', '.join(SCHED_FAMILIES)})")
+    sbs = lcm(*(int(g.block_size) for g in groups))
+    num_blocks = ch.integer(4, 24, "num_blocks") * len(groups) + 1
+    mml = sbs * ch.integer(4, 12, "model_len_blocks")
+    return KVCacheConfig(BlockCount(num_blocks), groups, TokenCount(mml)).validate()
+
+
+def draw_knobs(ch: Choices, config: KVCacheConfig, family: str) -> SchedKnobs:
+    """The scheduler knobs of one run (small budgets: chunked prefills are common)."""
+    sbs = int(config.scheduler_block_size)
+    return SchedKnobs(
+        token_budget=ch.integer(max(4, sbs), 8 * sbs, "token_budget", boundary=sbs),
+        max_num_seqs=ch.integer(1, 4, "max_num_seqs"),
+        num_spec_tokens=ch.integer(1, 3, "num_spec_tokens") if family == "spec_decode" else 0,
+        connector=family == "connector" and config.enable_caching,
+        load_failure_policy=ch.choice(("recompute", "fail"), "load_failure_policy")
+        if family == "connector"
+        else "recompute",
+    )
+
+
+@dataclass
+class RunResult:
+    """One run of the real scheduler: counts, and the finding with its lockstep steps if any."""
+
+    config: KVCacheConfig
+    knobs: SchedKnobs
+    engine_steps: int = 0
+    manager_calls: int = 0
+    ops: int = 0
+    seconds: float = 0.0
+    manager_seconds: float = 0.0
+    requests: int = 0
+    finding: FindingError | None = None
+    steps: list[tuple[Any, Any]] = field(default_factory=list)
+    skipped: str | None = None
+    relation: str = "exact"
+    known_hits: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
+    known_first: dict[str, tuple[Finding, list[tuple[Any, Any]]]] = field(default_factory=dict)
+
+
+class Driver:
+    """The world around one real scheduler: arrivals, the model's outputs, the connector's loads."""
+
+    def __init__(
+        self, sched: Any, config: KVCacheConfig, knobs: SchedKnobs, ch: Choices
+    ) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+
+        self._v = (SamplingParams, DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, Request, RequestStatus)
+        self.sched, self.config, self.knobs, self.ch = sched, config, knobs, ch
+        self.hasher = block_hasher(config) if (config.enable_caching or knobs.connector) else None
+        sbs = int(config.scheduler_block_size)
+        self.prefixes = [ch.tokens(ch.integer(1, 3 * sbs, "prefix_len", boundary=sbs), "prefix") for _ in range(3)]
+        # Loads fail under every layout: under a window they reproduce known bug K2 (docs/upstream/),
+        # which the ledger recognises (harness.known_bugs) and the run counts; nothing steers around it.
+        self.fail_loads = True
+        self.next_id = 0
+        self.loading: set[str] = set()
+        self.max_len = int(config.max_model_len)
+
+    def _new_request(self) -> Any:
+        SamplingParams, _, _, _, Request, _ = self._v
+        ch = self.ch
+        sbs = int(self.config.scheduler_block_size)
+        max_tokens = ch.integer(1, 3 * sbs, "max_tokens", boundary=sbs)
+        prefix = ch.choice(self.prefixes, "prefix") if ch.integer(0, 3, "shared") else ()
+        room = max(1, self.max_len - max_tokens - len(prefix))
+        suffix = ch.tokens(ch.integer(0 if prefix else 1, min(room, 4 * sbs), "suffix_len", boundary=sbs), "suffix")
+        prompt = list((prefix + suffix)[: self.max_len - 1])
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        req = Request(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN]),
+            pooling_params=None,
+            block_hasher=self.hasher,
+        )
+        if self.knobs.connector and ch.integer(0, 2, "remote"):
+            load = ch.integer(1, len(prompt), "load", boundary=sbs)
+            req.kv_transfer_params = {"load": load, "sync": ch.integer(0, 3, "sync") == 0}
+        return req
+
+    def step(self) -> None:
+        """One engine step."""
+        _, DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, _, RequestStatus = self._v
+        ch, sched = self.ch, self.sched
+        if len(sched.requests) < 8:  # a bounded backlog: requests get served, not only queued
+            for _ in range(ch.integer(0, 2, "arrivals")):
+                sched.add_request(self._new_request())
+        live = sorted(sched.requests)
+        # Aborts: sometimes; often once the backlog is full (a request the pool can never hold
+        # would otherwise block the queue for the rest of the run).
+        if live and ch.integer(0, 3 if len(live) >= 8 else 19, "abort") == 0:
+            sched.finish_requests(ch.choice(live, "abort_id"), RequestStatus.FINISHED_ABORTED)
+        if ch.integer(0, 29, "reset") == 0:
+            sched.reset_prefix_cache()
+        out = sched.schedule()
+        req_ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in req_ids:
+            req = sched.requests[rid]
+            if req.num_computed_tokens < req.num_tokens:  # a prefill chunk: nothing sampled
+                sampled.append([])
+                continue
+            drafts = list(out.scheduled_spec_decode_tokens.get(rid, []))
+            if -1 in drafts:  # padding slots (a padded decode): never accepted
+                drafts = drafts[: drafts.index(-1)]
+            accepted = ch.integer(0, len(drafts), "accepted") if drafts else 0
+            bonus = STOP_TOKEN if ch.integer(0, 15, "stop") == 0 else ch.token("sampled")
+            sampled.append([*drafts[:accepted], bonus])
+        kv_out = None
+        if self.knobs.connector:
+            # Loads under way: started by this schedule() or earlier, reported done once (even for a
+            # request aborted meanwhile: the worker still finishes its transfer).
+            reported = sched.finished_recving_kv_req_ids
+            self.loading |= {
+                rid
+                for rid, r in sched.requests.items()
+                if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in reported
+            }
+            self.loading &= set(sched.requests)
+            done = {rid for rid in sorted(self.loading) if ch.integer(0, 2, "load_done") == 0}
+            self.loading -= done
+            invalid: set[int] = set()
+            for rid in sorted(done):
+                if self.fail_loads and len(self.config.groups) == 1 and ch.integer(0, 4, "load_failed") == 0:
+                    ids = [b for g in sched.kv_cache_manager.get_block_ids(rid) for b in g if b]
+                    if ids:
+                        invalid.add(ch.choice(ids, "invalid_block"))
+            # A synchronous load of this step reported bad: the block holding its last loaded token.
+            sync_loads = [
+                r.req_id
+                for r in out.scheduled_new_reqs
+                if (sched.requests[r.req_id].kv_transfer_params or {}).get("sync") and r.num_computed_tokens > 0
+            ]
+            if (
+                self.fail_loads
+                and len(self.config.groups) == 1
+                and sync_loads
+                and ch.integer(0, 3, "sync_load_failed") == 0
+            ):
+                rid = ch.choice(sorted(sync_loads), "failed_req")
+                (table,) = sched.kv_cache_manager.get_block_ids(rid)
+                last = (sched.requests[rid].num_computed_tokens - 1) // int(self.config.scheduler_block_size)
+                if 0 <= last < len(table) and table[last]:
+                    invalid.add(table[last])
+            if done or invalid:
+                kv_out = KVConnectorOutput(finished_recving=done, invalid_block_ids=invalid)
+        mro = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=kv_out,
+        )
+        sched.update_from_output(out, mro)
+        if self.knobs.num_spec_tokens:
+            ids, drafts = [], []
+            for r in sched.running:
+                if r.num_computed_tokens >= r.num_tokens - 1 and ch.integer(0, 3, "draft"):
+                    ids.append(r.request_id)
+                    n = ch.integer(0, self.knobs.num_spec_tokens, "num_drafts")
+                    drafts.append(list(ch.tokens(n, "drafts")))
+            if ids:
+                sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+
+
+def run_one(
+    config: KVCacheConfig,
+    knobs: SchedKnobs,
+    ch: Choices,
+    *,
+    max_engine_steps: int = 200,
+    max_ops: int = 8000,
+    deadline: float | None = None,
+    relation: str = "exact",
+) -> RunResult:
+    """One real scheduler with the spec in lockstep behind its manager, driven until
+    ``max_engine_steps``, ``max_ops`` mirrored operations, ``deadline`` or the first finding."""
+    sched, spec_config = build_scheduler(config, knobs)
+    res = RunResult(spec_config, knobs, relation=relation)
+    sink = LockstepSink(spec_config, sched.kv_cache_manager, relation)
+    proxy = install(sched, sink)
+    driver = Driver(sched, spec_config, knobs, ch)
+    t = time.perf_counter()
+    try:
+        while res.engine_steps < max_engine_steps and len(sink.steps) < max_ops:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            driver.step()
+            res.engine_steps += 1
+    except FindingError as e:
+        res.finding = e
+    finally:
+        res.seconds = time.perf_counter() - t
+        res.manager_calls = proxy.calls
+        res.manager_seconds = proxy.seconds
+        res.ops = len(sink.steps)
+        res.steps = list(sink.steps)
+        res.requests = driver.next_id
+        res.known_hits = Counter(sink.lockstep.known_hits)
+        res.known_first = {k: (f, steps) for k, (f, steps) in sink.lockstep.known_first.items()}
+    return res
+
+
+__all__ = ["SCHED_FAMILIES", "STOP_TOKEN", "Driver", "RunResult", "draw_config", "draw_knobs", "run_one"]

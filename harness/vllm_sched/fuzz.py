@@ -1,0 +1,229 @@
+"""``kvspec fuzz --target vllm-scheduler``: vLLM's real scheduler driven for N seconds, the spec in
+lockstep behind its ``KVCacheManager`` (``harness.vllm_sched.driver.run_one``).
+
+Runs follow each other until ``--seconds`` is spent: run ``i`` draws a family of the chosen ones in
+turn, a config of it and the scheduler knobs from ``SeededChoices(Random(seed, i))``, so ``--seed``
+reproduces a run.  Families the real scheduler cannot run on CPU are skipped with a message.  The
+first finding writes the usual report folder (``harness.report.write_report``; its ``trace.json``
+holds ordinary harness operations, so ``kvspec replay`` reproduces it on ``--target vllm`` or
+``spec``) and exits 1; otherwise a summary (engine steps, manager calls per second) and exit 0.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from harness.finding import Finding
+from harness.known_bugs import get_known_bug
+from harness.targets.base import Unsupported
+from harness.trace import Trace
+from harness.vllm_sched.build import SchedKnobs
+from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult, draw_config, draw_knobs, run_one
+from harness.workload import SeededChoices
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+TARGET_NAME = "vllm-scheduler"
+
+
+def scheduler_families(families: list[str]) -> tuple[list[str], list[str]]:
+    """(families the real scheduler runs, the others): every kvspec layout family it supports; with
+    all of kvspec's families chosen (``--family all``), also ``connector`` and ``spec_decode``."""
+    from harness.families import FAMILIES
+
+    runs = [f for f in families if f in SCHED_FAMILIES]
+    if set(FAMILIES) <= set(families):
+        runs += [f for f in SCHED_FAMILIES if f not in runs]
+    return runs, [f for f in families if f not in SCHED_FAMILIES]
+
+
+def run_seed(seed: int, i: int) -> int:
+    """The seed of run ``i`` of a fuzz run seeded ``seed``."""
+    return random.Random(f"{seed}/{i}").getrandbits(63)
+
+
+def one_run(family: str, seed: int, **kwargs: Any) -> RunResult:
+    """Run ``family`` from ``seed`` (config, knobs and workload all drawn from it)."""
+    ch = SeededChoices(random.Random(seed))
+    config = draw_config(ch, family)
+    knobs = draw_knobs(ch, config, family)
+    return run_one(config, knobs, ch, **kwargs)
+
+
+def finding_trace(
+    res: RunResult, family: str, seed: int, finding: Finding | None = None, steps: list[Any] | None = None
+) -> Trace:
+    """The report trace of a run that ended in a finding (or of ``finding`` at ``steps``: a known bug's
+    first meeting, harness.known_bugs)."""
+    from harness.targets.vllm import vllm_version
+
+    if finding is None:
+        assert res.finding is not None
+        finding, steps = res.finding.finding, res.steps
+    return Trace(
+        config=res.config,
+        steps=list(steps or ()),
+        target_name="vllm",
+        target_version=vllm_version(),
+        seed=seed,
+        family=family,
+        relation=res.relation,
+        finding=finding.to_json(),
+        extra={"driver": TARGET_NAME, "knobs": knobs_json(res.knobs), "engine_steps": res.engine_steps},
+    )
+
+
+def knobs_json(knobs: SchedKnobs) -> dict[str, Any]:
+    return {
+        "token_budget": knobs.token_budget,
+        "max_num_seqs": knobs.max_num_seqs,
+        "num_spec_tokens": knobs.num_spec_tokens,
+        "connector": knobs.connector,
+    }
+
+
+def fuzz_scheduler(
+    families: list[str],
+    seconds: float,
+    seed: int,
+    out: str,
+    say: Callable[[str], None] | None = None,
+    relation: str = "exact",
+) -> int:
+    """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status."""
+    from harness.report import write_report
+    from harness.targets.vllm import VllmUnavailable, _vllm
+
+    def emit(line: str) -> None:
+        (say or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
+
+    try:
+        _vllm()
+    except VllmUnavailable as e:
+        emit(f"kvspec fuzz: {e}")
+        return EXIT_USAGE
+    runs, skipped = scheduler_families(families)
+    for f in skipped:
+        emit(f"kvspec fuzz: family {f} skipped: the real scheduler does not run it on CPU here")
+    if not runs:
+        known = ", ".join(SCHED_FAMILIES)
+        emit(f"kvspec fuzz: none of the chosen families runs on the real scheduler (choose from {known})")
+        return EXIT_USAGE
+    emit(
+        f"kvspec fuzz: target {TARGET_NAME}, families {','.join(runs)}, up to {seconds:g}s, seed {seed}; "
+        f"reports to {out}"
+    )
+    start = time.monotonic()
+    deadline = start + seconds
+    totals = {"runs": 0, "engine_steps": 0, "calls": 0, "ops": 0, "requests": 0}
+    manager_seconds = 0.0
+    known_hits: Counter[str] = Counter()
+    known_reports: dict[str, str] = {}
+    unsupported: dict[str, str] = {}
+    i = 0
+    try:
+        while time.monotonic() < deadline:
+            family = runs[i % len(runs)]
+            s = run_seed(seed, i)
+            i += 1
+            if family in unsupported:
+                if len(unsupported) == len(runs):
+                    break
+                continue
+            try:
+                res = one_run(family, s, deadline=deadline, relation=relation)
+            except Unsupported as e:
+                unsupported[family] = str(e)
+                emit(f"kvspec fuzz: family {family} skipped (seed {s}): {e}")
+                continue
+            except Exception as e:  # noqa: BLE001 - the real scheduler itself failed: said, not a traceback
+                where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                emit(f"kvspec fuzz: the real scheduler raised outside a manager call ({where})")
+                emit(
+                    f"kvspec fuzz: family {family}, run seed {s}; reproduce with: python -c 'from "
+                    f'harness.vllm_sched.fuzz import one_run; one_run("{family}", {s})\''
+                )
+                return EXIT_FOUND
+            totals["runs"] += 1
+            totals["engine_steps"] += res.engine_steps
+            totals["calls"] += res.manager_calls
+            totals["ops"] += res.ops
+            totals["requests"] += res.requests
+            manager_seconds += res.manager_seconds
+            known_hits.update(res.known_hits)
+            for bug_id, (first, steps) in res.known_first.items():
+                if bug_id not in known_reports:
+                    trace = finding_trace(res, family, s, first, steps)
+                    name = f"known-{bug_id}-{get_known_bug(bug_id).name}"
+                    known_reports[bug_id] = str(write_report(out, trace, name=name))
+            if res.finding is not None:
+                dest = write_report(out, finding_trace(res, family, s))
+                emit(f"kvspec fuzz: {res.finding.finding.summary()}")
+                emit(f"kvspec fuzz: family {family}, run seed {s}; report written to {dest}")
+                emit(f"kvspec fuzz: replay it with: kvspec replay {dest} --target vllm   (or --target spec)")
+                return EXIT_FOUND
+    except KeyboardInterrupt:
+        emit("kvspec fuzz: interrupted; nothing found so far")
+        return EXIT_INTERRUPTED
+    elapsed = max(time.monotonic() - start, 1e-9)
+    emit(
+        f"kvspec fuzz: no finding in {elapsed:.1f}s: {totals['runs']} scheduler runs, "
+        f"{totals['engine_steps']} engine steps ({totals['engine_steps'] / elapsed:.0f}/s), "
+        f"{totals['calls']} manager calls mirrored ({totals['calls'] / elapsed:.0f}/s), "
+        f"{totals['ops']} operations, {totals['requests']} requests; "
+        f"{1e6 * manager_seconds / max(totals['calls'], 1):.1f} us per bare manager call"
+    )
+    for bug_id, n in sorted(known_hits.items()):
+        bug = get_known_bug(bug_id)
+        emit(
+            f"kvspec fuzz: known bug {bug_id} ({bug.name}): {n} hits; {bug.status}; report "
+            f"{known_reports.get(bug_id, '-')}; see {bug.report}"
+        )
+    return EXIT_OK
+
+
+def handles(target: str) -> bool:
+    """Is ``--target`` this driver's: ``vllm-scheduler``, or ``mutant:NAME`` of a scheduler mutant?"""
+    from harness.vllm_sched.mutants import MUTANTS
+
+    return target == TARGET_NAME or (target.startswith("mutant:") and target.split(":", 1)[1] in MUTANTS)
+
+
+def fuzz_cli(args: Any, families: list[str]) -> int:
+    """``kvspec fuzz`` with ``--target vllm-scheduler`` or ``--target mutant:NAME`` (a deliberate
+    scheduler bug of ``harness.vllm_sched.mutants``, active for the whole run); options already
+    checked by the CLI."""
+    unused = [
+        opt
+        for opt, on in (
+            ("--kv-check", getattr(args, "kv_check", False)),
+            ("--workers", getattr(args, "workers", 1) > 1),
+            ("--junit-xml", getattr(args, "junit_xml", None) is not None),
+        )
+        if on
+    ]
+    if unused:
+        print(
+            f"kvspec fuzz: {', '.join(unused)} not used with the real scheduler (one process, no oracle)",
+            file=sys.stderr,
+        )
+
+    def run() -> int:
+        return fuzz_scheduler(families, float(args.seconds), int(args.seed), str(args.out), relation=str(args.relation))
+
+    if args.target == TARGET_NAME:
+        return run()
+    from harness.targets.vllm import VllmUnavailable, _vllm
+    from harness.vllm_sched.mutants import patched
+
+    try:
+        _vllm()
+    except VllmUnavailable as e:
+        print(f"kvspec fuzz: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    with patched(args.target.split(":", 1)[1]):
+        return run()

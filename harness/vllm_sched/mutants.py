@@ -1,0 +1,158 @@
+"""Deliberate scheduler-side bugs: runtime patches of vLLM 0.33.0's real ``Scheduler`` class.
+
+Each mutant is a small, realistic mistake in the scheduler (not in the manager), applied by
+``patched(name)`` for the duration of a ``with`` block and removed afterwards.  The proxy lockstep
+(``harness.vllm_sched.proxy``: the spec beside the real manager, its invariants, the KV ledger) must
+catch every one within a few seeded runs of its family (``harness.vllm_sched.driver``), while the
+correct scheduler passes the same seeds (tests/vllm_sched/test_vllm_sched_mutants.py).  A mutant
+that only drops a manager call (a block never published, a load never reported) is invisible to a
+mirror of the calls by construction; these mutants all change what the scheduler tells the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SchedMutant:
+    name: str
+    family: str  # the driver family whose runs exercise it
+    doc: str
+    attr: str  # the Scheduler method replaced
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _preempted_not_freed(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _free_request_blocks(self: Any, request: Any) -> None:
+        if request.status.name == "RUNNING":  # _preempt_request frees while the request still runs
+            return
+        orig(self, request)
+
+    return _free_request_blocks
+
+
+def _computed_kept_on_preempt(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> None:
+        n = request.num_computed_tokens
+        orig(self, request, *args, **kwargs)
+        request.num_computed_tokens = n  # the reset to 0 forgotten: blocks gone, tokens "computed"
+
+    return _preempt_request
+
+
+def _wrong_request_freed(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _free_request_blocks(self: Any, request: Any) -> None:
+        if request.status.name == "RUNNING" and self.running and self.running[0] is not request:
+            orig(self, self.running[0])  # the head of the queue instead of the victim
+            return
+        orig(self, request)
+
+    return _free_request_blocks
+
+
+def _rejected_drafts_counted(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        before = {rid: self.requests[rid].num_computed_tokens for rid in scheduler_output.num_scheduled_tokens}
+        out = orig(self, scheduler_output, model_runner_output)
+        for rid in scheduler_output.scheduled_spec_decode_tokens:
+            request = self.requests.get(rid)
+            if request is not None and not request.is_finished() and request.num_computed_tokens < before[rid]:
+                request.num_computed_tokens = before[rid]  # the rejection roll-back forgotten
+        return out
+
+    return update_from_output
+
+
+def _freed_kept_running(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        running = list(self.running)
+        out = orig(self, scheduler_output, model_runner_output)
+        for request in running:
+            if request.is_finished() and request not in self.running:
+                request.status = type(request.status).RUNNING  # freed, yet scheduled again
+                request.sampling_params.max_tokens += 8
+                self.requests[request.request_id] = request
+                self.running.append(request)
+        return out
+
+    return update_from_output
+
+
+def _hit_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _get_local_prefix_cache_hit(self: Any, request: Any, *args: Any) -> Any:
+        blocks, num_local, boundary, diverged = orig(self, request, *args)
+        if 0 < num_local < request.num_tokens - 1:
+            num_local += 1  # one token past the hit counted as cached
+        return blocks, num_local, boundary, diverged
+
+    return _get_local_prefix_cache_hit
+
+
+MUTANTS: dict[str, SchedMutant] = {
+    m.name: m
+    for m in (
+        SchedMutant(
+            "preempted_not_freed",
+            "full",
+            "a preempted request keeps its blocks (its table is reused on resumption)",
+            "_free_request_blocks",
+            _preempted_not_freed,
+        ),
+        SchedMutant(
+            "computed_kept_on_preempt",
+            "full",
+            "preemption frees the blocks but keeps num_computed_tokens",
+            "_preempt_request",
+            _computed_kept_on_preempt,
+        ),
+        SchedMutant(
+            "wrong_request_freed",
+            "full",
+            "preemption frees the head of the running queue instead of the victim",
+            "_free_request_blocks",
+            _wrong_request_freed,
+        ),
+        SchedMutant(
+            "rejected_drafts_counted",
+            "spec_decode",
+            "rejected draft tokens stay counted as computed",
+            "update_from_output",
+            _rejected_drafts_counted,
+        ),
+        SchedMutant(
+            "freed_kept_running",
+            "full",
+            "a finished request is freed but kept in the running queue",
+            "update_from_output",
+            _freed_kept_running,
+        ),
+        SchedMutant(
+            "hit_off_by_one",
+            "full",
+            "the scheduler counts one token past the prefix-cache hit as computed",
+            "_get_local_prefix_cache_hit",
+            _hit_off_by_one,
+        ),
+    )
+}
+
+
+@contextmanager
+def patched(name: str) -> Iterator[SchedMutant]:
+    """vLLM's ``Scheduler`` with mutant ``name`` inside the block (schedulers built inside it)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    try:
+        m = MUTANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown scheduler mutant {name!r} (known: {', '.join(sorted(MUTANTS))})") from None
+    orig = Scheduler.__dict__[m.attr]
+    setattr(Scheduler, m.attr, m.wrap(orig))
+    try:
+        yield m
+    finally:
+        setattr(Scheduler, m.attr, orig)

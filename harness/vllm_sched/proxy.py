@@ -1,0 +1,433 @@
+"""A proxy around the real scheduler's ``KVCacheManager``: every call becomes kvspec operations.
+
+``install(scheduler, sink)`` replaces ``scheduler.kv_cache_manager`` with a ``ManagerProxy``.  For
+every manager call the real vLLM 0.33 ``Scheduler`` makes that can change the manager's state
+(``get_computed_blocks``, ``allocate_slots``, ``free``, ``cache_blocks``, ``remove_skipped_blocks``,
+``evict_blocks``, ``reset_prefix_cache``), the proxy first brings kvspec's view of the involved
+``Request`` up to date with request operations (``AddRequest`` the first time, appended output
+tokens, drafts, ``num_computed_tokens``, ``num_in_flight_tokens``, status: ``harness.ops``), then
+makes the real call, then hands the call as a manager operation with the outcome it produced
+(in the JSON form of ``harness/targets/base.py``) to a sink:
+
+- ``LockstepSink``: a ``harness.lockstep.Lockstep`` whose target is ``PassiveVllmTarget``, which
+  makes no call of its own: its ``apply`` returns the outcome the real call produced and its
+  ``observe`` is ``VllmTarget.observe`` on the real manager.  The spec runs beside it; the first
+  divergence, invariant or ledger problem raises ``FindingError`` as in any lockstep run.
+- ``RecordSink`` (``harness.vllm_sched.record``): the operations and outcomes only, for a trace file.
+
+Calls that only read (``get_blocks``, ``get_block_ids``, ``usage``, ...) pass through untouched.
+Calls the mirror cannot follow (``pop_blocks_for_free``: deferred frees; copy-on-write copies, which
+the scheduler returns to the pool behind the manager's back) raise ``Unsupported``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from harness import ops as O
+from harness.book import BookRequest, RequestBook
+from harness.lockstep import Lockstep
+from harness.observation import Observation
+from harness.targets.base import Unsupported
+from harness.targets.vllm import VllmTarget, _block_ids
+from spec.config import KVCacheConfig
+
+
+class Sink(Protocol):
+    """Where the proxy sends operations: ``request_op`` before the real call, ``manager_op`` after."""
+
+    def request_op(self, op: O.Op, request: Any) -> None: ...
+
+    def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None: ...
+
+    @property
+    def done(self) -> bool:
+        """The sink wants nothing more: the proxy passes every call straight through."""
+        ...
+
+
+def status_name(request: Any) -> str:
+    """The request's status in the ops vocabulary: the spec's four statuses by name; vLLM 0.33's
+    other statuses (finished ones, streaming) act like RUNNING for the manager (spec/request.py)."""
+    name: str = request.status.name
+    return name if name in O.REQUEST_STATUSES else "RUNNING"
+
+
+def _features(request: Any) -> tuple[O.MMFeatureSpec, ...]:
+    feats = getattr(request, "mm_features", None) or ()
+    return tuple(O.MMFeatureSpec(f.identifier, f.mm_position.offset, f.mm_position.length) for f in feats)
+
+
+def add_request_op(request: Any) -> O.AddRequest:
+    """``AddRequest`` for a real vLLM ``Request`` (its prompt, LoRA, multimodal items, salt)."""
+    if getattr(request, "prompt_embeds", None) is not None:
+        raise Unsupported("prompt embeddings are not mirrored from the real scheduler")
+    lora = request.lora_request
+    return O.AddRequest(
+        request_id=request.request_id,
+        prompt_token_ids=tuple(request.prompt_token_ids or ()),
+        lora=None if lora is None else (lora.lora_name, lora.lora_path),
+        mm_features=_features(request),
+        cache_salt=request.cache_salt,
+        skip_reading_prefix_cache=bool(request.skip_reading_prefix_cache),
+    )
+
+
+class ManagerProxy:
+    """Stands in for ``scheduler.kv_cache_manager``; see the module docstring."""
+
+    def __init__(self, real: Any, sink: Sink) -> None:
+        self._real = real
+        self._sink = sink
+        self.sink = sink
+        self._book: RequestBook[None] = RequestBook()
+        self._lookups: dict[str, Any] = {}  # request id -> the last lookup result (identity)
+        self._requests: dict[str, Any] = {}  # request id -> the real Request
+        self.calls = 0  # manager calls mirrored
+        self.seconds = 0.0  # time spent in the real calls (bare)
+
+    def __getattr__(self, name: str) -> Any:  # read-only calls and attributes pass through
+        return getattr(self._real, name)
+
+    # --- request state ---------------------------------------------------------------------------
+
+    def _sync(self, request: Any) -> None:
+        """Request operations for what the scheduler changed on ``request`` since the last call."""
+        rid = request.request_id
+        emit = self._sink.request_op
+        if rid not in self._book:
+            op: O.Op = add_request_op(request)
+            self._book.apply(op)
+            self._requests[rid] = request
+            emit(op, request)
+        elif self._requests[rid] is not request:
+            raise Unsupported(f"request id {rid!r} reused by a different Request object")
+        r = self._book.get(rid)
+        # The order kvspec's scheduler model uses (harness/scheduler.py): counts that fall (a step's
+        # output processed, drafts rejected, a preemption) before the appended tokens, counts that
+        # grow (a step scheduled) after them; drafts cleared before the step's count grows.
+        computed, in_flight = request.num_computed_tokens, request.num_in_flight_tokens
+        if in_flight < r.num_in_flight_tokens:
+            self._emit(O.SetNumInFlightTokens(rid, in_flight), request)
+        if computed < r.num_computed_tokens:
+            self._emit(O.SetNumComputedTokens(rid, computed), request)
+        spec = tuple(request.spec_token_ids)
+        if spec and min(spec) < 0:
+            raise Unsupported(f"negative draft token ids of {rid!r} (padding) are not mirrored")
+        if spec != r.spec_token_ids:
+            self._emit(O.SetSpecTokens(rid, spec), request)
+        out = request.output_token_ids
+        if len(out) != len(r.output_token_ids):
+            if len(out) < len(r.output_token_ids) or list(out[: len(r.output_token_ids)]) != r.output_token_ids:
+                raise Unsupported(f"output tokens of {rid!r} were rewritten, not appended")
+            new = tuple(out[len(r.output_token_ids) :])
+            if min(new) < 0:
+                raise Unsupported(f"negative output token ids of {rid!r} are not mirrored")
+            self._emit(O.AppendOutputTokens(rid, new), request)
+        if computed > r.num_computed_tokens:
+            self._emit(O.SetNumComputedTokens(rid, computed), request)
+        if in_flight > r.num_in_flight_tokens:
+            self._emit(O.SetNumInFlightTokens(rid, in_flight), request)
+        status = status_name(request)
+        if status != r.status:
+            self._emit(O.SetStatus(rid, status), request)
+
+    def sync_ids(self, request_ids: Any) -> None:
+        """Synchronise the known requests among ``request_ids`` (the end of a scheduler phase)."""
+        if self._sink.done:
+            return
+        for rid in list(request_ids):
+            request = self._requests.get(rid)
+            if request is not None:
+                self._sync(request)
+
+    def _emit(self, op: O.Op, request: Any) -> None:
+        self._book.apply(op)
+        self._sink.request_op(op, request)
+
+    def _call(self, op: O.Op, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """The real call, timed; then the manager operation with its outcome to the sink."""
+        self.calls += 1
+        t = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as e:
+            self.seconds += time.perf_counter() - t
+            self._sink.manager_op(op, None, e)
+            raise
+        self.seconds += time.perf_counter() - t
+        return result
+
+    # --- the manager calls that change state -----------------------------------------------------
+
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> Any:
+        if self._sink.done:
+            return self._real.get_computed_blocks(request, max_cache_hit_length)
+        if max_cache_hit_length is not None:
+            raise Unsupported("get_computed_blocks with max_cache_hit_length is not mirrored")
+        self._sync(request)
+        op = O.GetComputedBlocks(request.request_id)
+        result = self._call(op, self._real.get_computed_blocks, request)
+        blocks, num_hit, _boundary = result
+        self._lookups[request.request_id] = blocks
+        self._sink.manager_op(op, {"block_ids": _block_ids(blocks), "num_hit_tokens": num_hit}, None)
+        return result
+
+    def get_computed_blocks_for_connector(self, *args: Any, **kwargs: Any) -> Any:
+        raise Unsupported("connectors with divergent local hybrid hits are not mirrored")
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),  # zeroing bookkeeping only: not observed
+    ) -> Any:
+        if self._sink.done:
+            return self._real.allocate_slots(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                num_encoder_tokens,
+                full_sequence_must_fit,
+                reserved_blocks,
+                has_scheduled_reqs,
+                skip_zeroing_group_ids,
+            )
+        rid = request.request_id
+        self._sync(request)
+        lookup = self._lookups.get(rid)
+        used = new_computed_blocks is not None and new_computed_blocks is lookup
+        if new_computed_blocks is not None and not used and any(new_computed_blocks.blocks):
+            raise Unsupported("allocate_slots with computed blocks other than the lookup's is not mirrored")
+        if used:
+            del self._lookups[rid]
+        op = O.AllocateSlots(
+            rid,
+            num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            use_computed_blocks=used,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
+            reserved_blocks=reserved_blocks,
+            has_scheduled_reqs=has_scheduled_reqs,
+        )
+        new = self._call(
+            op,
+            self._real.allocate_slots,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+            skip_zeroing_group_ids,
+        )
+        self._sink.manager_op(op, None if new is None else {"block_ids": _block_ids(new)}, None)
+        return new
+
+    def free(self, request: Any) -> None:
+        if self._sink.done:
+            return self._real.free(request)  # type: ignore[no-any-return]
+        self._sync(request)
+        self._lookups.pop(request.request_id, None)
+        op = O.Free(request.request_id)
+        self._call(op, self._real.free, request)
+        self._sink.manager_op(op, None, None)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        if self._sink.done:
+            return self._real.cache_blocks(request, num_computed_tokens)  # type: ignore[no-any-return]
+        self._sync(request)
+        op = O.CacheBlocks(request.request_id, num_computed_tokens)
+        self._call(op, self._real.cache_blocks, request, num_computed_tokens)
+        self._sink.manager_op(op, None, None)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        if self._sink.done:
+            return self._real.remove_skipped_blocks(  # type: ignore[no-any-return]
+                request_id, processed_computed_tokens, num_prompt_tokens
+            )
+        # num_prompt_tokens matters to R-SWA groups only (harness.vllm_sched.build builds none).
+        if num_prompt_tokens is not None and any(
+            type(m).__name__ == "RSWAManager" for m in self._real.coordinator.single_type_managers
+        ):
+            raise Unsupported("remove_skipped_blocks of R-SWA groups is not mirrored")
+        if request_id in self._requests:
+            self._sync(self._requests[request_id])
+        op = O.RemoveSkippedBlocks(request_id, processed_computed_tokens)
+        self._call(op, self._real.remove_skipped_blocks, request_id, processed_computed_tokens, num_prompt_tokens)
+        self._sink.manager_op(op, None, None)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        if self._sink.done:
+            return self._real.evict_blocks(block_ids)  # type: ignore[no-any-return]
+        op = O.EvictBlocks(tuple(sorted(block_ids)))
+        self._call(op, self._real.evict_blocks, block_ids)
+        self._sink.manager_op(op, None, None)
+
+    def reset_prefix_cache(self) -> bool:
+        if self._sink.done:
+            return bool(self._real.reset_prefix_cache())
+        op = O.ResetPrefixCache()
+        ok = bool(self._call(op, self._real.reset_prefix_cache))
+        self._sink.manager_op(op, ok, None)
+        return ok
+
+    # --- calls the mirror cannot follow ----------------------------------------------------------
+
+    def pop_blocks_for_free(self, request: Any) -> Any:
+        raise Unsupported("deferred block frees (pop_blocks_for_free) are not mirrored")
+
+    def take_kv_cache_block_copies(self) -> Any:
+        copies, retained = self._real.take_kv_cache_block_copies()
+        if copies or retained:
+            raise Unsupported("copy-on-write block copies are not mirrored")
+        return copies, retained
+
+
+# --- the lockstep sink ---------------------------------------------------------------------------
+
+
+class PassiveVllmTarget(VllmTarget):
+    """The real manager as a lockstep target that makes no call itself: ``apply`` returns the
+    outcome the real scheduler's call produced (``expect``), ``observe`` reads the real manager."""
+
+    name = "vllm"
+
+    def __init__(self, manager: Any) -> None:
+        super().__init__()
+        self._real = manager
+        self._outcome: Any = None
+        self._error: BaseException | None = None
+        self._native: Any = None
+
+    def expect(self, outcome: Any, error: BaseException | None, native: Any = None) -> None:
+        self._outcome, self._error, self._native = outcome, error, native
+
+    def build(self, config: KVCacheConfig) -> None:
+        from vllm.v1.core import kv_cache_utils
+
+        self._manager = self._real
+        self._lora_ids = {}
+        self._hash_by_low64 = {}
+        self._hash_memo = {}
+        self._none_hash = kv_cache_utils.NONE_HASH
+
+    def _result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+    def new_request(self, r: BookRequest) -> Any:
+        return self._native
+
+    def update_request(self, request: Any, r: BookRequest, op: O.Op) -> Any:
+        return request
+
+    def get_computed_blocks(self, request: Any) -> tuple[Any, list[list[int]], int]:
+        out = self._result()
+        return None, out["block_ids"], out["num_hit_tokens"]
+
+    def allocate_slots(self, request: Any, op: O.AllocateSlots, new_computed_blocks: Any) -> list[list[int]] | None:
+        out = self._result()
+        return None if out is None else list(out["block_ids"])
+
+    def free(self, request: Any, request_id: str) -> None:
+        self._result()
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self._result()
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        self._result()
+
+    def evict_blocks(self, block_ids: tuple[int, ...]) -> None:
+        self._result()
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._result())
+
+    def observe(self) -> Observation:
+        return super().observe()
+
+    def _observed_hashes(self, rid: str, request: Any) -> tuple[bytes, ...]:
+        """The request's block hashes as of its last synchronisation: the real scheduler may have
+        appended tokens since (they reach the spec at the request's next manager call), and vLLM
+        only ever appends hashes, so the first ``num_tokens // hash_block_size`` are those."""
+        assert self.config is not None
+        n = self.book.get(rid).num_tokens // int(self.config.hash_block_size) if request.block_hashes else 0
+        return tuple(request.block_hashes[:n])
+
+
+class LockstepSink:
+    """Mirrors every operation into a ``Lockstep`` (spec beside the passive real manager)."""
+
+    def __init__(self, config: KVCacheConfig, manager: Any, relation: str = "exact") -> None:
+        self.target = PassiveVllmTarget(manager)
+        self.lockstep = Lockstep(config, self.target, relation, step_timeout=None)
+        self.lockstep.start()
+
+    @property
+    def done(self) -> bool:
+        return False
+
+    def request_op(self, op: O.Op, request: Any) -> None:
+        self.target.expect(None, None, request)
+        self.lockstep.apply(op)
+
+    def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None:
+        self.target.expect(outcome, error)
+        self.lockstep.apply(op)
+
+    @property
+    def steps(self) -> list[tuple[O.Op, Any]]:
+        return self.lockstep.steps
+
+
+def install(scheduler: Any, sink: Sink) -> ManagerProxy:
+    """Put a ``ManagerProxy`` feeding ``sink`` in place of ``scheduler.kv_cache_manager``."""
+    real = scheduler.kv_cache_manager
+    if isinstance(real, ManagerProxy):
+        raise ValueError("the scheduler's manager is already proxied")
+    proxy = ManagerProxy(real, sink)
+    scheduler.kv_cache_manager = proxy
+    cls = type(scheduler)
+
+    # The end of each phase: every request's changes reach the spec then, as kvspec's scheduler
+    # model emits them (harness/scheduler.py), not only at the request's next manager call.
+    def _update_after_schedule(scheduler_output: Any) -> None:
+        cls._update_after_schedule(scheduler, scheduler_output)
+        proxy.sync_ids(scheduler_output.num_scheduled_tokens)
+
+    def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
+        out = cls.update_from_output(scheduler, scheduler_output, model_runner_output)
+        proxy.sync_ids(sorted(scheduler.requests))
+        return out
+
+    scheduler._update_after_schedule = _update_after_schedule
+    scheduler.update_from_output = update_from_output
+    return proxy

@@ -1,0 +1,273 @@
+"""Record (or shadow-check) the manager calls of a user's real vLLM process, with no code change.
+
+vLLM 0.33 calls every function registered under the entry-point group ``vllm.general_plugins`` at
+start-up (``vllm/plugins/__init__.py``: ``load_general_plugins``); kvspec registers ``register``
+there (``pyproject.toml``).  With one of these environment variables set, ``register`` patches
+``Scheduler.__init__`` so that every scheduler built afterwards gets the manager proxy of
+``harness.vllm_sched.proxy``:
+
+- ``KVSPEC_RECORD=/path/trace.json``: recording only (no spec in the loop).  Every operation and the
+  outcome the real manager produced go to a kvspec trace, written atomically every
+  ``KVSPEC_RECORD_EVERY`` (1000) operations and at exit; a second scheduler in the same process
+  recording to the same path writes ``trace-2.json`` and so on.  ``kvspec replay /path/trace.json --target spec`` (or
+  ``vllm``) checks it offline.  A trace holds at most ``harness.trace.MAX_STEPS`` operations and
+  ``MAX_BLOCK_STEPS`` block-steps; recording stops there (said once on the log), the file keeps
+  the prefix.
+- ``KVSPEC_SHADOW=1`` (or ``raise``): the spec in lockstep online; the first divergence, invariant
+  or ledger finding writes a report under ``KVSPEC_SHADOW_OUT`` (default ``kvspec-shadow-reports``)
+  and raises ``FindingError`` in the scheduler.  ``KVSPEC_SHADOW=log``: the report is written and
+  logged, and the shadow stops checking that scheduler (serving goes on).
+
+A scheduler whose config kvspec does not model (other group kinds, another hash, events, ...) is
+left alone, with one warning naming the reason.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from harness import ops as O
+from harness.finding import FindingError
+from harness.targets.base import Unsupported
+from harness.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
+from harness.vllm_sched.proxy import LockstepSink, install
+from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
+from spec.types import BlockCount, TokenCount
+
+ENV_RECORD = "KVSPEC_RECORD"
+ENV_RECORD_EVERY = "KVSPEC_RECORD_EVERY"
+ENV_SHADOW = "KVSPEC_SHADOW"
+ENV_SHADOW_OUT = "KVSPEC_SHADOW_OUT"
+log = logging.getLogger("kvspec.record")
+_STEPS = "<kvspec: the steps>"  # placeholder spliced over by RecordSink.write
+_lock = threading.Lock()
+_uses: dict[str, int] = {}  # trace path -> schedulers recorded to it in this process
+
+
+def spec_config_of(scheduler: Any) -> KVCacheConfig:
+    """The kvspec config of a real scheduler's manager; ``Unsupported`` names what kvspec lacks."""
+    groups: list[AttentionSpec] = []
+    for g in scheduler.kv_cache_config.kv_cache_groups:
+        s = g.kv_cache_spec
+        kind = type(s).__name__
+        if kind == "FullAttentionSpec":
+            groups.append(full_attention(s.block_size))
+        elif kind == "SlidingWindowSpec":
+            groups.append(sliding_window(s.block_size, s.sliding_window))
+        elif kind == "ChunkedLocalAttentionSpec":
+            groups.append(chunked_local(s.block_size, s.attention_chunk_size))
+        else:
+            raise Unsupported(f"KV-cache group kind {kind} is not modelled by kvspec")
+    cache = scheduler.cache_config
+    if getattr(cache, "prefix_caching_hash_algo", "sha256") != "sha256":
+        raise Unsupported(f"prefix_caching_hash_algo {cache.prefix_caching_hash_algo!r} is not recorded (sha256 only)")
+    if scheduler.enable_kv_cache_events:
+        raise Unsupported("KV-cache events are not recorded")
+    mgr = scheduler.kv_cache_manager
+    for attr in ("use_eagle",):
+        if getattr(mgr, attr, False):
+            raise Unsupported(f"a manager with {attr} is not modelled by kvspec")
+    config = KVCacheConfig(
+        BlockCount(scheduler.kv_cache_config.num_blocks),
+        tuple(groups),
+        TokenCount(scheduler.max_model_len),
+        enable_caching=bool(cache.enable_prefix_caching),
+        watermark=float(scheduler.scheduler_config.watermark or 0.0),
+        max_in_flight_tokens=TokenCount(int(scheduler.vllm_config.max_in_flight_tokens)),
+    )
+    if int(scheduler.hash_block_size) != int(config.hash_block_size):
+        config = KVCacheConfig(
+            config.num_blocks,
+            config.groups,
+            config.max_model_len,
+            enable_caching=config.enable_caching,
+            watermark=config.watermark,
+            max_in_flight_tokens=config.max_in_flight_tokens,
+            hash_block_size_override=TokenCount(int(scheduler.hash_block_size)),
+        )
+    if int(scheduler.block_size) != int(config.scheduler_block_size):
+        raise Unsupported(f"scheduler block size {scheduler.block_size} is not the LCM of the group block sizes")
+    return config.validate()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RecordSink:
+    """Operations and the real outcomes, as a kvspec trace at ``path`` (no spec in the loop)."""
+
+    def __init__(self, config: KVCacheConfig, path: Path, every: int = 1000) -> None:
+        from harness.targets.vllm import vllm_version
+
+        self.config, self.path, self.every = config, path, max(1, every)
+        self.version = vllm_version()
+        self.steps: list[tuple[O.Op, Any]] = []
+        self.limit = min(MAX_STEPS, MAX_BLOCK_STEPS // max(1, int(config.num_blocks)))
+        self.full = False
+        self.written = 0
+        self._lines: list[str] = []  # each step's JSON, serialised once
+
+    @property
+    def done(self) -> bool:
+        return self.full
+
+    def request_op(self, op: O.Op, request: Any) -> None:
+        self._add(op, None)
+
+    def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None:
+        if error is not None:  # the real manager raised: the trace ends here (replay shows the same)
+            self._add(op, None)
+            self.full = True
+            self.write()
+            return
+        self._add(op, outcome)
+
+    def _add(self, op: O.Op, outcome: Any) -> None:
+        if self.full:
+            return
+        if len(self.steps) >= self.limit:
+            self.full = True
+            log.warning("kvspec: trace %s is full (%d operations); recording stops", self.path, len(self.steps))
+            self.write()
+            return
+        self.steps.append((op, outcome))
+        self._lines.append(json.dumps({**O.op_to_json(op), "outcome": outcome}))
+        if len(self.steps) % self.every == 0:
+            self.write()
+
+    def trace(self) -> Trace:
+        return Trace(
+            config=self.config,
+            steps=list(self.steps),
+            target_name="vllm",
+            target_version=self.version,
+            extra={"recorded_by": ENV_RECORD},
+        )
+
+    def write(self) -> None:
+        if self.written == len(self.steps) and self.path.exists():
+            return
+        # The trace's JSON (harness/trace.py's schema) with the steps spliced in as serialised once:
+        # a periodic write costs one join, not a re-serialisation of every step.
+        head = trace_to_json(dataclasses.replace(self.trace(), steps=[]))
+        head["steps"] = _STEPS
+        text = json.dumps(head).replace(json.dumps(_STEPS), "[\n" + ",\n".join(self._lines) + "\n]", 1)
+        _write_atomic(self.path, text + "\n")
+        self.written = len(self.steps)
+
+
+class ShadowSink(LockstepSink):
+    """``LockstepSink`` that writes a report at the first finding, then raises or (``log``) stops."""
+
+    def __init__(self, config: KVCacheConfig, manager: Any, out: str, mode: str) -> None:
+        super().__init__(config, manager)
+        self.config, self.out, self.mode = config, out, mode
+        self.report: Path | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.report is not None
+
+    def request_op(self, op: O.Op, request: Any) -> None:
+        if self.report is None:
+            self._guard(super().request_op, op, request)
+
+    def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None:
+        if self.report is None:
+            self._guard(super().manager_op, op, outcome, error)
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except FindingError as e:
+            from harness.report import write_report
+            from harness.targets.vllm import vllm_version
+
+            trace = Trace(
+                config=self.config,
+                steps=list(self.steps),
+                target_name="vllm",
+                target_version=vllm_version(),
+                finding=e.finding.to_json(),
+                extra={"recorded_by": ENV_SHADOW},
+            )
+            self.report = write_report(self.out, trace)
+            log.error("kvspec shadow: %s; report written to %s", e.finding.summary(), self.report)
+            if self.mode != "log":
+                raise
+
+
+def _numbered(path: Path, n: int) -> Path:
+    return path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+
+
+def attach(scheduler: Any) -> Any:
+    """Give ``scheduler`` a recording or shadow proxy, as the environment asks (None: neither, or a
+    config kvspec does not model, which is logged)."""
+    record, shadow = os.environ.get(ENV_RECORD), os.environ.get(ENV_SHADOW, "")
+    if not record and shadow.lower() in ("", "0", "false", "no"):
+        return None
+    try:
+        config = spec_config_of(scheduler)
+    except Unsupported as e:
+        log.warning("kvspec: not recording this scheduler: %s", e)
+        return None
+    if record:
+        with _lock:
+            n = _uses[record] = _uses.get(record, 0) + 1
+        try:
+            every = int(os.environ.get(ENV_RECORD_EVERY, "1000"))
+        except ValueError:
+            log.warning("kvspec: %s is not an int; writing every 1000 operations", ENV_RECORD_EVERY)
+            every = 1000
+        sink: Any = RecordSink(config, _numbered(Path(record), n), every)
+        try:
+            sink.write()  # an empty trace at once: a bad path shows now, not at exit
+        except OSError as e:
+            log.warning("kvspec: not recording this scheduler: cannot write %s: %s", sink.path, e)
+            return None
+        atexit.register(sink.write)
+    else:
+        out = os.environ.get(ENV_SHADOW_OUT) or "kvspec-shadow-reports"
+        sink = ShadowSink(config, scheduler.kv_cache_manager, out, "log" if shadow.lower() == "log" else "raise")
+    return install(scheduler, sink)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: patch ``Scheduler.__init__`` once per process when
+    ``KVSPEC_RECORD`` or ``KVSPEC_SHADOW`` is set (nothing otherwise)."""
+    if not os.environ.get(ENV_RECORD) and os.environ.get(ENV_SHADOW, "").lower() in ("", "0", "false", "no"):
+        return
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler.__init__, "_kvspec_patched", False):
+        return
+    orig = Scheduler.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        attach(self)
+
+    __init__._kvspec_patched = True  # type: ignore[attr-defined]
+    __init__._kvspec_orig = orig  # type: ignore[attr-defined]
+    Scheduler.__init__ = __init__  # type: ignore[method-assign]
+
+
+def unregister() -> None:
+    """Undo ``register`` (tests)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = getattr(Scheduler.__init__, "_kvspec_orig", None)
+    if orig is not None:
+        Scheduler.__init__ = orig  # type: ignore[method-assign]
