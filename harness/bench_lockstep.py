@@ -7,8 +7,10 @@
    "in Hypothesis" column.  The target is wrapped in a recorder, and the longest recorded run of
    the family is then replayed outside Hypothesis, each way in turn: the target's bare calls, the
    spec alone, lockstep without checks (spec and target compared, no invariants, no ledger), and
-   full lockstep (invariants and ledger, as ``kvspec fuzz`` runs it).  The table gives µs per
-   operation and the ratio to the bare target.
+   full lockstep (invariants and ledger, whole observations compared after every operation), and
+   glimpse (full lockstep with the default cadence of ``harness.glimpse``: for pools above 256
+   blocks, glimpses after most operations, a full check every ``num_blocks // 64`` and at the end).
+   The table gives µs per operation and the ratio to the bare target.
 2. Pool size: one seeded decode-heavy workload (block size 16, full attention) at 16, 1,024 and
    65,536 blocks, replayed the same four ways: the cost per operation should not grow with the pool.
 
@@ -33,7 +35,7 @@ from spec.types import BlockCount, TokenCount
 
 Run = tuple[KVCacheConfig, list[O.Op]]
 POOL_SIZES = (16, 1024, 65536)
-MODES = ("bare", "spec", "lockstep", "full")
+MODES = ("bare", "spec", "lockstep", "full", "glimpse")
 
 
 class Recorder:
@@ -74,12 +76,16 @@ def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 
             for op in ops:
                 t.apply(op)
         else:
-            full = mode == "full"
-            ls = Lockstep(config, factory(), "exact", None, check_spec_invariants=full, ledger=full)
+            full = mode != "lockstep"
+            every = None if mode == "glimpse" else 1
+            ls = Lockstep(
+                config, factory(), "exact", None, check_spec_invariants=full, ledger=full, full_check_every=every
+            )
             ls.start()
             t0 = time.perf_counter()
             for op in ops:
                 ls.apply(op)
+            ls.finish()
         best = min(best, time.perf_counter() - t0)
     return best / max(1, len(ops))
 

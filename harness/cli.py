@@ -235,12 +235,14 @@ def _check_fuzz_options(args: argparse.Namespace) -> list[str]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
     from harness.equality import RELATIONS
     from harness.families import parse_families
+    from harness.glimpse import check_full_check_every_env
     from harness.memory_guard import bound_from_env
     from harness.profiles import check_database, profile_settings
 
     _check_numbers(args, FUZZ_NUMBERS)
     try:
         bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.memory_guard)
+        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.glimpse)
         families = parse_families(args.family)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -364,6 +366,7 @@ def pd_cmd(argv: list[str]) -> int:
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
+    from harness.glimpse import check_full_check_every_env
     from harness.mutants import resolve_target
     from harness.ops import TraceFormatError
     from harness.replay import UntrustedTarget, replay, replay_target
@@ -372,6 +375,10 @@ def replay_cmd(args: argparse.Namespace) -> int:
 
     if not 0 <= args.step_timeout <= 86400:  # NaN too
         raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")
+    try:
+        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.glimpse)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     # Every file is read and every target chosen and loaded before anything runs.
     try:
         found = find_traces(args.paths)

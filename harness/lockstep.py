@@ -24,6 +24,8 @@ from harness import ops as O
 from harness import outcome_schema as S
 from harness.equality import get_relation, observation_differences, outcome_difference
 from harness.finding import Finding, FindingError, StepTimeout, call_with_timeout, obs_to_json
+from harness.glimpse import Glimpse, block_keys, glimpse_differences, glimpse_to_json, has_glimpse, touched_blocks
+from harness.glimpse import full_check_every as get_full_check_every
 from harness.known_bugs import match_known_bug
 from harness.known_bugs import strict_known as is_strict_known
 from harness.ledger import LedgerChecker
@@ -50,7 +52,8 @@ class Lockstep:
     ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``); ``strict_known``: a ledger
     finding that matches a known bug (``harness.known_bugs``) is a finding too, not only counted (None:
     ``KVSPEC_STRICT_KNOWN``); ``memory_mb``: the target's memory growth bound in MiB (None:
-    ``KVSPEC_TARGET_MEMORY_MB``; 0: off)."""
+    ``KVSPEC_TARGET_MEMORY_MB``; 0: off); ``full_check_every``: whole observations compared every
+    that many operations, glimpses in between (None: ``harness.glimpse.full_check_every``)."""
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class Lockstep:
         ledger: bool | None = None,
         strict_known: bool | None = None,
         memory_mb: float | None = None,
+        full_check_every: int | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -84,6 +88,14 @@ class Lockstep:
         self.known_hits: Counter[str] = Counter()  # known bug id -> ledger findings matching it
         self.known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]]]] = {}
         self.memory = MemoryGuard(bound_from_env() if memory_mb is None else (memory_mb or None))
+        # Incremental checking (``harness.glimpse``): glimpses after most operations, a full check
+        # every ``full_every`` operations and at ``finish``; needs the spec and a glimpsing target.
+        self.full_every = get_full_check_every(config.num_blocks, full_check_every)
+        self.incremental = (
+            self.full_every > 1 and self.ref is not None and self.relation.compare_observations and has_glimpse(target)
+        )
+        self.since_full = 0
+        self.tgt_obs_is_spec = False  # tgt_obs is the spec's observation (glimpsed steps)
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -204,7 +216,36 @@ class Lockstep:
         if not O.changes_observation(op):
             self._check_ledger(i, op, ref_out, tgt_out, self.tgt_obs)
             return tgt_out
+        if self._glimpse_suffices(op):
+            self._glimpse_check(i, op, ref_out, tgt_out)
+        else:
+            self._full_check(i, op, ref_out, tgt_out)
+        return tgt_out
+
+    def finish(self) -> None:
+        """The end of a run: one full check if the last operations were checked by glimpses only,
+        so nothing a glimpse cannot see goes unchecked (a finding names the last step)."""
+        if self.since_full and self.steps:
+            op, out = self.steps[-1]
+            self._full_check(len(self.steps) - 1, op, out, out, ledger=False)
+
+    # --- full and glimpse checks ---------------------------------------------------------------
+
+    def _glimpse_suffices(self, op: O.Op) -> bool:
+        """Whether this operation is checked by a glimpse (``harness.glimpse``): incremental
+        checking is on, the operation names a request, and no full check is due."""
+        if not self.incremental or not getattr(op, "request_id", None):
+            return False
+        self.since_full += 1
+        return self.since_full < self.full_every
+
+    def _full_check(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, ledger: bool = True) -> None:
+        """Whole observations compared, every invariant on both, then the KV ledger."""
+        self.since_full = 0
         before_ref, before_tgt = self.ref_obs, self.tgt_obs
+        ledger_before = before_tgt
+        if self.tgt_obs_is_spec:  # the last steps were glimpsed: no whole target observation before
+            before_tgt, self.tgt_obs_is_spec = None, False
         self.ref_obs = self.ref.observe() if self.ref is not None else None
         self.tgt_obs = self._observe_target(i, op)
         if self.relation.compare_observations and self.ref_obs is not None:
@@ -235,7 +276,7 @@ class Lockstep:
             # were just checked; otherwise the same predicates run on the target's own state.
             self.ctx.requests = self.book.requests
             violations = check_observation(self.tgt_obs, self.config, self.ctx)
-        if self.ledger is not None and isinstance(op, O.TakeEvents) and isinstance(tgt_out, list):
+        if ledger and self.ledger is not None and isinstance(op, O.TakeEvents) and isinstance(tgt_out, list):
             self.ledger.feed(tgt_out)
             violations += self.ledger.check(self.tgt_obs)
         if violations:
@@ -253,8 +294,60 @@ class Lockstep:
                 before_tgt,
                 invariant=v.name,
             )
-        self._check_ledger(i, op, ref_out, tgt_out, before_tgt)
-        return tgt_out
+        if ledger:
+            self._check_ledger(i, op, ref_out, tgt_out, ledger_before)
+
+    def _glimpse_check(self, i: int, op: O.Op, ref_out: Any, tgt_out: Any) -> None:
+        """Glimpses compared (what the operation can change, read in O(touched)), the spec's step
+        invariants, then the KV ledger on the spec's observation: under an exact comparison it
+        equals the target's on everything this step touched, and the next full check compares
+        the rest."""
+        assert self.ref is not None
+        rid = str(getattr(op, "request_id", ""))
+        # A request operation (arrival, appended tokens) makes no manager call: no state before it.
+        before_state = self.ref.state if self.ref.last_call is None else self.ref.last_call[0]
+        blocks = touched_blocks(before_state, self.ref.state, rid) | _outcome_blocks(ref_out, tgt_out)
+        keys = block_keys(before_state, blocks) | block_keys(self.ref.state, blocks)
+        tgt = self._target_glimpse(i, op, rid, blocks, keys)
+        more_blocks = blocks | set(tgt.blocks)
+        more_keys = keys | tgt.block_keys() | block_keys(self.ref.state, more_blocks)
+        if more_blocks != blocks or more_keys != keys:
+            tgt = self._target_glimpse(i, op, rid, more_blocks, more_keys)
+        ref = self.ref.glimpse([rid], more_blocks, more_keys)
+        before_ref = self.ref_obs
+        self.ref_obs = self.ref.observe()
+        self.tgt_obs, self.tgt_obs_is_spec = self.ref_obs, True
+        diffs = glimpse_differences(ref, tgt)
+        if diffs:
+            self.tgt_obs = None
+            witness = {"spec_glimpse": glimpse_to_json(ref), "target_glimpse": glimpse_to_json(tgt)}
+            self._fail(
+                "divergence",
+                i,
+                op,
+                f"state differs after the operation: {diffs[0].message}",
+                ref_out,
+                tgt_out,
+                {b for d in diffs for b in d.blocks},
+                {r for d in diffs for r in d.requests},
+                before_ref,
+                extra_witness=witness,
+            )
+        if self.check_spec_invariants:
+            self._check_spec_invariants(i, op, ref_out, tgt_out, before_ref, None, state=False)
+        self._check_ledger(i, op, ref_out, tgt_out, before_ref)
+
+    def _target_glimpse(self, i: int, op: O.Op, rid: str, blocks: set[int], keys: set[bytes]) -> Glimpse:
+        """The target's glimpse (``harness.glimpse``), read like ``observe()``."""
+        glimpse = getattr(self.target, "glimpse", None)
+        assert callable(glimpse), "glimpse checks need a target with glimpse()"
+        out = self._read_target("glimpse()", i, op, glimpse, [rid], blocks, keys)
+        if not isinstance(out, Glimpse):
+            got = S.short_repr(out)
+            raise self._malformed(
+                i, op, "glimpse()", "a harness.glimpse.Glimpse", S.Malformed("glimpse()", "a Glimpse", got), got
+            )
+        return out
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -308,35 +401,34 @@ class Lockstep:
 
     def _observe_target(self, i: int | None, op: O.Op | None) -> Observation:
         """The target's observation, checked for its form (``harness.outcome_schema``)."""
+        obs = self._read_target("observe()", i, op, self.target.observe)
+        bad = S.observation_problem(obs, len(self.config.groups), self.config.num_blocks)
+        if bad is not None:
+            raise self._malformed(i, op, "observe()", S.OBSERVATION_FORM, bad, bad.got)
+        return obs  # type: ignore[no-any-return]
+
+    def _read_target(self, what: str, i: int | None, op: O.Op | None, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, a read of the target's state, under the step timeout; a hang, a
+        ``MemoryError`` or an exception is a finding naming ``what``."""
+        where = O.op_to_json(op) if op else None
         try:
-            obs = call_with_timeout(self.target.observe, self.step_timeout)
+            return call_with_timeout(fn, self.step_timeout, *args)
         except StepTimeout:
             raise FindingError(
-                Finding(
-                    "target-hung",
-                    i,
-                    f"observe() did not return within {self.step_timeout}s",
-                    O.op_to_json(op) if op else None,
-                )
+                Finding("target-hung", i, f"{what} did not return within {self.step_timeout}s", where)
             ) from None
         except MemoryError as e:
-            raise FindingError(
-                Finding("target-memory", i, memory_error_message("observe()", e), O.op_to_json(op) if op else None)
-            ) from None
+            raise FindingError(Finding("target-memory", i, memory_error_message(what, e), where)) from None
         except Exception as e:
             raise FindingError(
                 Finding(
                     "target-raised",
                     i,
-                    f"observe() raised {type(e).__name__}: {e}",
-                    O.op_to_json(op) if op else None,
+                    f"{what} raised {type(e).__name__}: {e}",
+                    where,
                     traceback=traceback.format_exc(),
                 )
             ) from None
-        bad = S.observation_problem(obs, len(self.config.groups), self.config.num_blocks)
-        if bad is not None:
-            raise self._malformed(i, op, "observe()", S.OBSERVATION_FORM, bad, bad.got)
-        return obs  # type: ignore[no-any-return]
 
     def _malformed(
         self, i: int | None, op: O.Op | None, what: str, form: str, bad: S.Malformed, got: str
@@ -362,17 +454,21 @@ class Lockstep:
             )
 
     def _check_spec_invariants(
-        self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_ref: Any, before_tgt: Any
+        self, i: int, op: O.Op, ref_out: Any, tgt_out: Any, before_ref: Any, before_tgt: Any, state: bool = True
     ) -> None:
+        """The spec's invariants: the state predicates (``state``; full checks only, they walk the
+        pool) and the operation's postconditions."""
         assert self.ref is not None
         if self.ref.last_call is not None and self.ref.last_call[1] == "take_events":
             self.event_log.extend(self.ref.last_call[3])
-        violations = check_invariants(
-            self.ref.state,
-            self.ref.requests,  # type: ignore[arg-type]  # str ids are RequestIds
-            evict_called=self.ctx.evicted_ever or isinstance(op, O.EvictBlocks),
-            event_log=self.event_log if self.config.enable_kv_cache_events else None,
-        )
+        violations = []
+        if state:
+            violations = check_invariants(
+                self.ref.state,
+                self.ref.requests,  # type: ignore[arg-type]  # str ids are RequestIds
+                evict_called=self.ctx.evicted_ever or isinstance(op, O.EvictBlocks),
+                event_log=self.event_log if self.config.enable_kv_cache_events else None,
+            )
         if self.ref.last_call is not None:
             before, name, args, outcome, request = self.ref.last_call
             violations += check_step(
@@ -416,7 +512,10 @@ class Lockstep:
         before_tgt: Observation | None = None,
         invariant: str | None = None,
         ledger: LedgerFinding | None = None,
+        extra_witness: dict[str, Any] | None = None,
     ) -> None:
+        if self.tgt_obs_is_spec:  # glimpsed steps: the spec's observation stands in, not reported as the target's
+            before_tgt = None
         blocks = set(blocks or ())
         requests = set(requests or ())
         rid = getattr(op, "request_id", None)
@@ -429,11 +528,12 @@ class Lockstep:
                     for r in requests:
                         blocks.update(b for b in g.get(r, ()) if b)
         witness: dict[str, Any] = {} if ledger is None else {"ledger": ledger.to_json()}
+        witness.update(extra_witness or {})
         for name, obs in (
             ("spec_before", before_ref),
             ("target_before", before_tgt),
             ("spec_after", self.ref_obs),
-            ("target_after", self.tgt_obs),
+            ("target_after", None if self.tgt_obs_is_spec else self.tgt_obs),
         ):
             if obs is not None:
                 witness[name] = obs_to_json(obs, blocks, requests)

@@ -149,6 +149,7 @@ class KVMachine(RuleBasedStateMachine):
         super().__init__()
         self.ls: Lockstep | None = None
         self.workload: Workload | None = None
+        self.found = False  # this example raised a finding (no end-of-run check then)
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class KVMachine(RuleBasedStateMachine):
                 type(self).reset_unsupported = str(e)
             assume(False)
         except FindingError as e:
+            self.found = True
             self._record(e.finding)
             raise
 
@@ -260,6 +262,14 @@ class KVMachine(RuleBasedStateMachine):
         self._act(data, "reset_prefix_cache")
 
     def teardown(self) -> None:
+        try:
+            if self.ls is not None and not self.found:
+                # A full check if the last steps were glimpsed (large pools, harness.glimpse).
+                self._lockstep_call(self.ls.finish)
+        finally:
+            self._count_run()
+
+    def _count_run(self) -> None:
         if self.workload is not None:
             for name, n in (self.workload.sched.counts + self.workload.counts).items():
                 self.stats.events[f"{self.family}:{name}"] += n
@@ -268,7 +278,6 @@ class KVMachine(RuleBasedStateMachine):
             self.stats.known.update(self.ls.known_hits)
             for bug_id, (finding, steps) in self.ls.known_first.items():
                 self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
-
 
 def make_machine(
     family: str,

@@ -79,6 +79,7 @@ def run_ops(
         ls.start()
         for op in ops:
             ls.apply(op)
+        ls.finish()  # a full check if the last steps were glimpsed (large pools, harness.glimpse)
     except FindingError as e:
         return e.finding, list(ls.steps)
     except Unsupported:

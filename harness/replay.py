@@ -68,6 +68,7 @@ def replay(trace: Trace, target_factory: Callable[[], Target], step_timeout: flo
                     "differs-from-record", i, f"outcome differs from the recorded one: {diff}", None, recorded, out
                 )
                 return ReplayResult(False, i + 1, f"step {i} ({op.op}): {f.message}", f)
+        ls.finish()  # a full check if the last steps were glimpsed (large pools, harness.glimpse)
     except FindingError as e:
         return ReplayResult(False, (e.finding.step or 0) + 1, e.finding.summary(), e.finding)
     except Unsupported as e:

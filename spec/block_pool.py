@@ -127,9 +127,25 @@ def touch(pool: BlockPool, blocks: Iterable[BlockId]) -> BlockPool:
             assert b not in leaving, f"block {b} touched twice while free"
             leaving.add(b)
         ref[b] += 1
-    queue = tuple(b for b in pool.free_queue if b not in leaving) if leaving else pool.free_queue
+    queue = _without(pool.free_queue, leaving)
     assert len(queue) == len(pool.free_queue) - len(leaving), "a block with ref_cnt 0 was not in the free queue"
     return replace(pool, ref_cnt=tuple(ref), free_queue=queue)
+
+
+def _without(queue: tuple[BlockId, ...], leaving: set[BlockId]) -> tuple[BlockId, ...]:
+    """``queue`` without the blocks of ``leaving``, order kept: a few blocks are found by
+    ``tuple.index`` and cut out (the scans run in C), many by one filtering pass."""
+    if not leaving:
+        return queue
+    if len(leaving) > 16:
+        return tuple(b for b in queue if b not in leaving)
+    out: list[BlockId] = []
+    start = 0
+    for i in sorted(queue.index(b) for b in leaving if b in queue):
+        out.extend(queue[start:i])
+        start = i + 1
+    out.extend(queue[start:])
+    return tuple(out)
 
 
 def get_new_blocks(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[BlockId, ...]]:

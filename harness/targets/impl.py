@@ -10,9 +10,11 @@ of it.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from harness.book import BookRequest
+from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
 from harness.observation import Observation
 from harness.ops import AllocateSlots, AppendOutputTokens, Op, SetNumComputedTokens, SetNumInFlightTokens, SetStatus
 from harness.targets.adapter import ManagerAdapter
@@ -151,6 +153,47 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             block_key_tokens=tuple(None if k is None else n for k, n in zip(pool.key, pool.key_tokens)),
             secondary_keys={b: frozenset(keys) for b, keys in pool.secondary.items() if keys},
         )
+
+    def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
+        """The part of the allocator's state one operation of ``requests`` can change (``harness.glimpse``)."""
+        m = self._manager
+        if m is None:
+            raise ValueError("ImplTarget.glimpse called before reset(config)")
+        pool = m.pool
+
+        def facts(b: int) -> BlockFacts:
+            key = pool.key[b]
+            secondary = frozenset(pool.secondary.get(b, ()))
+            return (0 if b == 0 else pool.ref[b]), key, None if key is None else pool.key_tokens[b], secondary
+
+        def free_ends(k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+            head: list[int] = []
+            tail: list[int] = []
+            b = pool.nxt[pool.HEAD]
+            while len(head) < k and b != pool.TAIL:
+                head.append(b)
+                b = pool.nxt[b]
+            b = pool.prev[pool.TAIL]
+            while len(tail) < k and b != pool.HEAD:
+                tail.append(b)
+                b = pool.prev[b]
+            return tuple(head), tuple(reversed(tail))
+
+        def hashes(rid: str) -> tuple[bytes, ...] | None:
+            r = self.book.native.get(rid)
+            return None if r is None else tuple(r.block_hashes)
+
+        view = GlimpseView(
+            tables=[g.tables for g in m.managers],
+            num_cached=[g.num_cached for g in m.managers],
+            facts=facts,
+            cached=lambda k: tuple(pool.cached.get(k, ())),
+            num_free=pool.num_free,
+            free_ends=free_ends,
+            num_cached_keys=len(pool.cached),
+            hashes=hashes,
+        )
+        return build_glimpse(view, requests, blocks, keys)
 
 
 def _to_spec_event(e: alloc.Stored | alloc.Removed | alloc.Cleared) -> Event:

@@ -11,10 +11,12 @@ target with small deliberate bugs
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from harness import ops as O
 from harness.book import BookRequest
+from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
 from harness.observation import Observation
 from harness.targets.adapter import ManagerAdapter
 from spec import kv_cache_manager as kvm
@@ -135,6 +137,32 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
     # --- observation ---------------------------------------------------------------------------
 
+    def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
+        """The part of the spec state one operation of ``requests`` can change (``harness.glimpse``)."""
+        s = self.state
+        pool = s.pool
+
+        def facts(b: int) -> BlockFacts:
+            ref = 0 if b == 0 else pool.ref_cnt[b]
+            return ref, pool.block_key[b], pool.block_key_tokens[b], frozenset(pool.secondary_keys.get(b, ()))
+
+        def hashes(rid: str) -> tuple[bytes, ...] | None:
+            r = self.requests.get(rid)
+            return None if r is None else tuple(r.block_hashes)
+
+        fq = pool.free_queue
+        view = GlimpseView(
+            tables=[g.req_to_blocks for g in s.groups],
+            num_cached=[g.num_cached_block for g in s.groups],
+            facts=facts,
+            cached=lambda k: tuple(pool.cached.get(k, ())),
+            num_free=len(fq),
+            free_ends=lambda k: (tuple(fq[:k]), tuple(fq[-k:]) if fq else ()),
+            num_cached_keys=len(pool.cached),
+            hashes=hashes,
+        )
+        return build_glimpse(view, requests, blocks, keys)
+
     def observe(self) -> Observation:
         """The one function that reads the spec state (it already speaks the vocabulary)."""
         s = self.state
@@ -147,8 +175,8 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             ref_cnt=pool.ref_cnt if not pool.ref_cnt or pool.ref_cnt[0] == 0 else (0, *pool.ref_cnt[1:]),
             free_queue=pool.free_queue,
             block_key=pool.block_key,
-            cached={bytes(k): tuple(int(b) for b in ids) for k, ids in pool.cached.items()},
-            request_block_hashes={rid: tuple(bytes(h) for h in r.block_hashes) for rid, r in self.requests.items()},
-            block_key_tokens=tuple(pool.block_key_tokens),
+            cached=dict(pool.cached),  # keys are bytes, values tuples of ints: copied in C
+            request_block_hashes={rid: r.block_hashes for rid, r in self.requests.items()},
+            block_key_tokens=pool.block_key_tokens,
             secondary_keys={int(b): frozenset(keys) for b, keys in pool.secondary_keys.items() if keys},
         )

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Collection, Sequence
 from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
 
 from harness.book import BookRequest
+from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
 from harness.observation import Observation
 from harness.ops import (
     AllocateSlots,
@@ -344,6 +346,50 @@ class VllmTarget(ManagerAdapter[Any]):
             },
         )
 
+    def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
+        """The part of the manager's state one operation of ``requests`` can change
+        (``harness.glimpse``), read without walking the pool or the free list."""
+        if self._manager is None:
+            raise ValueError("VllmTarget.glimpse called before reset(config)")
+        managers = self._manager.coordinator.single_type_managers
+        pool = self._manager.block_pool
+        null_id = pool.null_block.block_id
+        by_block = pool.cached_block_hashes_by_block
+        cache = pool.cached_block_hash_to_block._cache
+
+        def facts(b: int) -> BlockFacts:
+            blk = pool.blocks[b]
+            key = blk._block_hash
+            secondary = frozenset(bytes(k) for k in by_block.get(b, ()))
+            return (
+                (0 if b == null_id else blk.ref_cnt),
+                None if key is None else bytes(key),
+                (blk._block_hash_num_tokens),
+                secondary,
+            )
+
+        def cached(k: bytes) -> tuple[int, ...]:
+            held = cache.get(k)
+            if held is None:
+                return ()
+            return tuple(b.block_id for b in held.values()) if isinstance(held, dict) else (held.block_id,)
+
+        def hashes(rid: str) -> tuple[bytes, ...] | None:
+            r = self.book.native.get(rid)
+            return None if r is None else self._observed_hashes(rid, r)
+
+        view = GlimpseView(
+            tables=[_TableView(m.req_to_blocks) for m in managers],
+            num_cached=[m.num_cached_block for m in managers],
+            facts=facts,
+            cached=cached,
+            num_free=pool.free_block_queue.num_free_blocks,
+            free_ends=lambda k: _free_queue_ends(pool.free_block_queue, k),
+            num_cached_keys=len(cache),
+            hashes=hashes,
+        )
+        return build_glimpse(view, requests, blocks, keys)
+
     def _observed_hashes(self, rid: str, request: Any) -> tuple[bytes, ...]:
         """``request.block_hashes`` as a tuple, re-read only when the list changed: vLLM only appends
         to it, so an unchanged length and an identical last element mean an unchanged list."""
@@ -395,6 +441,33 @@ def _free_queue_ids(queue: Any) -> tuple[int, ...]:
     if len(ids) != queue.num_free_blocks:
         raise AssertionError(f"vLLM free list holds {len(ids)} blocks but counts {queue.num_free_blocks}")
     return tuple(ids)
+
+
+def _free_queue_ends(queue: Any, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The first and the last ``k`` blocks of ``FreeKVCacheBlockQueue`` (from its two sentinels)."""
+    n = min(k, queue.num_free_blocks)
+    head: list[int] = []
+    tail: list[int] = []
+    block = queue.fake_free_list_head.next_free_block
+    while len(head) < n and block is not None and block is not queue.fake_free_list_tail:
+        head.append(block.block_id)
+        block = block.next_free_block
+    block = queue.fake_free_list_tail.prev_free_block
+    while len(tail) < n and block is not None and block is not queue.fake_free_list_head:
+        tail.append(block.block_id)
+        block = block.prev_free_block
+    return tuple(head), tuple(reversed(tail))
+
+
+class _TableView:
+    """``req_to_blocks`` (a defaultdict of ``KVCacheBlock`` lists) read without creating entries."""
+
+    def __init__(self, tables: Any) -> None:
+        self._tables = tables
+
+    def get(self, rid: str) -> tuple[int, ...] | None:
+        blocks = self._tables.get(rid)
+        return None if blocks is None else tuple(b.block_id for b in blocks)
 
 
 def _cached_map(cache_map: Any) -> dict[bytes, tuple[int, ...]]:

@@ -69,7 +69,10 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     if s.op != "allocate_slots" or s.outcome is not None:
         return None
     b, a = s.before, s.after
-    for blk in range(1, b.pool.num_blocks):
+    # Whole-tuple comparisons first (in C): the per-block walk only runs when something changed.
+    refs_same = a.pool.ref_cnt is b.pool.ref_cnt or a.pool.ref_cnt == b.pool.ref_cnt
+    keys_same = a.pool.block_key is b.pool.block_key or a.pool.block_key == b.pool.block_key
+    for blk in () if refs_same and keys_same else range(1, b.pool.num_blocks):
         if a.pool.ref_cnt[blk] > b.pool.ref_cnt[blk]:
             return f"block {blk} gained a reference in a failed allocation"
         if a.pool.block_key[blk] is not None and b.pool.block_key[blk] is None:
@@ -110,12 +113,14 @@ def successful_allocation_is_exact(s: StepContext) -> str | None:
         config.max_model_len,
     )
     # Fresh blocks come from the free queue, which this very call may have refilled first by
-    # releasing the request's own out-of-window blocks (step 5 runs before allocating).
-    free_before = set(b.pool.free_queue)
+    # releasing the request's own out-of-window blocks (step 5 runs before allocating).  A block
+    # is in the free queue exactly when it is unreferenced (§9.3, checked on every full state), so
+    # "free before" is read from its count, not by building the queue's set (cost flat in the pool).
+    released: set[BlockId] = set()
     for gid in range(len(config.groups)):
         old_table = b.groups[gid].req_to_blocks.get(req.request_id, ())
         new_table = s.after.groups[gid].req_to_blocks.get(req.request_id, ())
-        free_before.update(x for x, y in zip(old_table, new_table) if y == NULL_BLOCK_ID)
+        released.update(x for x, y in zip(old_table, new_table) if y == NULL_BLOCK_ID)
     for gid, spec in enumerate(config.groups):
         tokens = a.get("num_encoder_tokens", 0) if spec.kind == "cross" else need_slot
         table = s.after.groups[gid].req_to_blocks.get(req.request_id, ())
@@ -129,7 +134,8 @@ def successful_allocation_is_exact(s: StepContext) -> str | None:
         if fresh and tuple(table[len(table) - len(fresh) :]) != fresh:
             return f"group {gid}: returned blocks {list(fresh)} are not the table's tail {list(table)}"
         for blk in fresh:
-            if blk not in free_before or s.after.pool.ref_cnt[blk] != 1:
+            free_before = blk in released or (blk != NULL_BLOCK_ID and b.pool.ref_cnt[blk] == 0)
+            if not free_before or s.after.pool.ref_cnt[blk] != 1:
                 return (
                     f"group {gid}: returned block {blk} was not free before or has ref_cnt {s.after.pool.ref_cnt[blk]}"
                 )
@@ -169,12 +175,17 @@ def free_releases_everything(s: StepContext) -> str | None:
     held: Counter[BlockId] = Counter()
     for g in s.before.groups:
         held.update(blk for blk in g.req_to_blocks.get(rid, ()) if blk != NULL_BLOCK_ID)
-    for blk in range(1, s.before.pool.num_blocks):
-        expect = s.before.pool.ref_cnt[blk] - held.get(BlockId(blk), 0)
-        if s.after.pool.ref_cnt[blk] != expect:
-            return f"block {blk}: ref_cnt {s.after.pool.ref_cnt[blk]} after free, expected {expect}"
-        if s.after.pool.block_key[blk] != s.before.pool.block_key[blk]:
-            return f"block {blk}: free changed its hash"
+    # The expected counts built and compared whole (in C); the per-block walk names a difference.
+    expected = list(s.before.pool.ref_cnt)
+    for blk, n in held.items():
+        expected[blk] -= n
+    after = s.after.pool
+    if tuple(expected[1:]) != after.ref_cnt[1:]:
+        x = next(x for x in range(1, len(expected)) if after.ref_cnt[x] != expected[x])
+        return f"block {x}: ref_cnt {after.ref_cnt[x]} after free, expected {expected[x]}"
+    if after.block_key is not s.before.pool.block_key and after.block_key[1:] != s.before.pool.block_key[1:]:
+        x = next(x for x in range(1, len(expected)) if after.block_key[x] != s.before.pool.block_key[x])
+        return f"block {x}: free changed its hash"
     for gid, g in enumerate(s.after.groups):
         if rid in g.req_to_blocks or rid in g.num_cached_block:
             return f"group {gid} still tracks freed request {rid!r}"
@@ -189,7 +200,7 @@ def free_order(s: StepContext) -> str | None:
     if s.op != "free":
         return None
     rid = s.args["request_id"]
-    ref = list(s.before.pool.ref_cnt)
+    ref: dict[BlockId, int] = {}  # the counts of the request's blocks as the free proceeds
     front: list[BlockId] = []
     tail: list[BlockId] = []
     for g in s.before.groups:
@@ -197,7 +208,7 @@ def free_order(s: StepContext) -> str | None:
         for blk in reversed(g.req_to_blocks.get(rid, ())):
             if blk == NULL_BLOCK_ID:
                 continue
-            ref[blk] -= 1
+            ref[blk] = ref.get(blk, s.before.pool.ref_cnt[blk]) - 1
             if ref[blk] == 0:
                 hashed = s.before.pool.block_key[blk] is not None and s.before.config.enable_caching
                 if hashed or s.before.config.profile is Profile.V0_20:

@@ -352,3 +352,15 @@ def test_a_bad_memory_bound_in_the_environment_is_a_usage_error(no_fuzzing, tmp_
     assert main(["fuzz", *BUG, "--out", str(tmp_path / "reports")]) == 2
     err = capsys.readouterr().err
     assert "KVSPEC_TARGET_MEMORY_MB" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["fuzz", "replay"])
+@pytest.mark.parametrize("value", ["0", "every", "-1"])
+def test_a_bad_full_check_cadence_is_a_usage_error(no_fuzzing, tmp_path, capsys, monkeypatch, command, value):
+    """``KVSPEC_FULL_CHECK_EVERY`` (harness.glimpse) is checked with the options, before any work."""
+    monkeypatch.setenv("KVSPEC_FULL_CHECK_EVERY", value)
+    argv = ["fuzz", *BUG, "--out", str(tmp_path / "reports")] if command == "fuzz" else ["replay", "tests/corpus"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "KVSPEC_FULL_CHECK_EVERY" in err and "Traceback" not in err, err
+    assert not (tmp_path / "reports").exists()

@@ -1,0 +1,151 @@
+"""Incremental checking (``harness.glimpse``): glimpses agree across targets, a glimpsed step still
+catches what it touches, the periodic and end-of-run full checks catch what it does not, and the
+deliberate bugs of the catalogue are still reported with glimpses on."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from harness import ops as O
+from harness.bench_lockstep import pool_runs
+from harness.finding import FindingError
+from harness.glimpse import ENV, full_check_every, parse_full_check_every
+from harness.lockstep import Lockstep
+from harness.machine import RunStats, make_machine, run_machine
+from harness.mutants import MUTANT_FAMILIES, MUTANTS, make_mutant
+from harness.profiles import profile_settings
+from harness.targets.impl import ImplTarget
+from harness.targets.spec import SpecTarget
+from spec.config import KVCacheConfig
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, tuple[KVCacheConfig, list[O.Op]]]:
+    return pool_runs(actions=150)
+
+
+def _replay(config: KVCacheConfig, ops: list[O.Op], target: Any, every: int | None) -> Lockstep:
+    ls = Lockstep(config, target, "exact", None, full_check_every=every)
+    ls.start()
+    for op in ops:
+        ls.apply(op)
+    ls.finish()
+    return ls
+
+
+def _targets() -> list[Any]:
+    out: list[Any] = [SpecTarget, ImplTarget]
+    try:
+        from harness.targets.vllm import VllmTarget, vllm_version
+
+        if vllm_version() is not None:
+            out.append(VllmTarget)
+    except Exception:  # vLLM not installed: spec and impl only
+        pass
+    return out
+
+
+@pytest.mark.parametrize("every", [2, 5, None])
+def test_correct_targets_agree_with_glimpses(runs, every):
+    """No false positive: spec, impl and (when installed) vLLM replay the pool benchmark's
+    workloads with glimpses between full checks, at every pool size."""
+    for config, ops in runs.values():
+        for make in _targets():
+            ls = _replay(config, ops, make(), every)
+            assert ls.incremental == (full_check_every(int(config.num_blocks), every) > 1)
+
+
+def test_auto_cadence():
+    assert full_check_every(16) == 1
+    assert full_check_every(256) == 1
+    assert full_check_every(1024) == 16
+    assert full_check_every(65536) == 1024
+    assert full_check_every(65536, 1) == 1
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "x", "1.5", "nan", str(1 << 31)])
+def test_bad_cadence_is_refused_with_the_variable_named(text):
+    with pytest.raises(ValueError, match=ENV):
+        parse_full_check_every(text)
+
+
+def test_cadence_parses():
+    assert parse_full_check_every("auto") is None
+    assert parse_full_check_every(" 7 ") == 7
+
+
+class _Bug(SpecTarget):
+    """The spec with one deliberate corruption after the ``at``-th operation: ``block``'s ref count
+    raised by one, a change no operation of that step makes."""
+
+    def __init__(self, at: int, block: int) -> None:
+        super().__init__()
+        self.at, self.block, self.n = at, block, 0
+
+    def apply(self, op: O.Op) -> Any:
+        out = super().apply(op)
+        self.n += 1
+        if self.n == self.at:
+            pool = self.state.pool
+            ref = list(pool.ref_cnt)
+            ref[self.block] += 1
+            self.state = dataclasses.replace(self.state, pool=dataclasses.replace(pool, ref_cnt=tuple(ref)))
+        return out
+
+
+def _first_allocation(config: KVCacheConfig, ops: list[O.Op]) -> tuple[int, int]:
+    """The index (1-based count of operations) of the first allocation, and a block it took."""
+    spec = SpecTarget()
+    spec.reset(config)
+    for i, op in enumerate(ops, 1):
+        out = spec.apply(op)
+        if isinstance(op, O.AllocateSlots) and out and out["block_ids"][0]:
+            return i, out["block_ids"][0][-1]
+    raise AssertionError("the workload allocates nothing")
+
+
+def test_glimpse_catches_a_change_to_a_touched_block_at_its_step(runs):
+    config, ops = runs[1024]
+    at, block = _first_allocation(config, ops)
+    with pytest.raises(FindingError) as e:
+        _replay(config, ops, _Bug(at, block), every=50)
+    assert e.value.finding.kind == "divergence"
+    assert e.value.finding.step == at - 1  # the operation that made the change, not a later full check
+    assert "spec_glimpse" in e.value.finding.witness
+
+
+def test_a_change_outside_the_glimpse_is_caught_by_the_next_full_check(runs):
+    config, ops = runs[1024]
+    untouched = int(config.num_blocks) // 2  # mid-queue: in no table and at neither end of the queue
+    at = 3
+    with pytest.raises(FindingError) as e:
+        _replay(config, ops, _Bug(at, untouched), every=10)
+    f = e.value.finding
+    assert f.kind == "divergence" and untouched in f.blocks
+    assert f.step is not None and at - 1 < f.step  # not at its own step
+    assert sum(O.changes_observation(op) for op in ops[at : f.step + 1]) <= 10  # within one cadence
+    assert "spec_glimpse" not in f.witness  # a full check found it
+
+
+def test_the_end_of_run_check_catches_a_late_change(runs):
+    config, ops = runs[1024]
+    untouched = int(config.num_blocks) // 2
+    with pytest.raises(FindingError) as e:
+        _replay(config, ops, _Bug(len(ops) - 1, untouched), every=10_000)
+    assert e.value.finding.step == len(ops) - 1
+
+
+@pytest.mark.mutant
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
+    """The same runs as tests/mutants, with glimpses between full checks every 4 operations:
+    every deliberate bug is still reported (no check weakened)."""
+    monkeypatch.setenv(ENV, "4")
+    stats = RunStats()
+    cls = make_machine(MUTANT_FAMILIES[name], lambda: make_mutant(name), f"mutant:{name}", "exact", stats)
+    with pytest.raises(AssertionError):  # FindingError is an AssertionError
+        run_machine(cls, profile_settings("ci", database=None), seed=11, shrink_seconds=5)
+    assert stats.finding is not None, f"mutant {name} was not reported with glimpses on"
