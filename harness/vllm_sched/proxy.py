@@ -403,6 +403,10 @@ class LockstepSink:
         self.target.expect(outcome, error)
         self.lockstep.apply(op)
 
+    def finish(self) -> None:
+        """The end of the run: a full check if the last operations were glimpsed (``harness.glimpse``)."""
+        self.lockstep.finish()
+
     @property
     def steps(self) -> list[tuple[O.Op, Any]]:
         return self.lockstep.steps

@@ -187,7 +187,13 @@ class ShadowSink(LockstepSink):
         if self.report is None:
             self._guard(super().manager_op, op, outcome, error)
 
-    def _guard(self, fn: Any, *args: Any) -> None:
+    def finish(self) -> None:
+        """At exit: the end-of-run full check (large pools glimpse between full checks); a finding
+        is written and logged, never raised while the process exits."""
+        if self.report is None:
+            self._guard(super().finish, at_exit=True)
+
+    def _guard(self, fn: Any, *args: Any, at_exit: bool = False) -> None:
         try:
             fn(*args)
         except FindingError as e:
@@ -204,7 +210,7 @@ class ShadowSink(LockstepSink):
             )
             self.report = write_report(self.out, trace)
             log.error("kvspec shadow: %s; report written to %s", e.finding.summary(), self.report)
-            if self.mode != "log":
+            if self.mode != "log" and not at_exit:
                 raise
 
 
@@ -241,6 +247,7 @@ def attach(scheduler: Any) -> Any:
     else:
         out = os.environ.get(ENV_SHADOW_OUT) or "kvspec-shadow-reports"
         sink = ShadowSink(config, scheduler.kv_cache_manager, out, "log" if shadow.lower() == "log" else "raise")
+        atexit.register(sink.finish)
     return install(scheduler, sink)
 
 

@@ -189,3 +189,34 @@ def test_installed_entry_point_is_found_by_vllm(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "ManagerProxy"
     assert trace.is_file()
+
+
+def test_shadow_checks_a_large_pool_in_full_at_exit(
+    vllm_plugins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large pool is glimpsed between full checks (harness.glimpse); the check the sink runs at
+    exit compares whole states, so a change no manager call made is still reported."""
+    from vllm.plugins import load_general_plugins
+
+    from spec.config import KVCacheConfig
+    from spec.types import BlockCount
+
+    monkeypatch.setenv(record.ENV_SHADOW, "1")
+    monkeypatch.setenv(record.ENV_SHADOW_OUT, str(tmp_path))
+    monkeypatch.setenv("KVSPEC_FULL_CHECK_EVERY", "100000")  # no periodic full check: only the one at exit
+    load_general_plugins()
+    ch = SeededChoices(random.Random(3))
+    small = draw_config(ch, "full")
+    config = KVCacheConfig(BlockCount(2048), small.groups, small.max_model_len).validate()
+    knobs = draw_knobs(ch, config, "full")
+    sched, spec_config = build_scheduler(config, knobs)
+    driver = Driver(sched, spec_config, knobs, ch)
+    for _ in range(40):
+        driver.step()
+    sink = sched.kv_cache_manager.sink  # type: ignore[attr-defined]
+    assert sink.lockstep.incremental and sink.report is None
+    sched.kv_cache_manager.block_pool.blocks[1024].ref_cnt += 1  # type: ignore[attr-defined]
+    sink.finish()  # what the atexit hook runs: logs and writes, never raises at exit
+    assert sink.report is not None
+    (report,) = tmp_path.iterdir()
+    assert (report / "trace.json").is_file()
