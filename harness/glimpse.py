@@ -18,7 +18,7 @@ internals stays in the target's adapter.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,12 +55,17 @@ class Glimpse:
 
     def block_keys(self) -> set[bytes]:
         """Every key (primary and secondary) the glimpsed blocks hold."""
-        out: set[bytes] = set()
-        for _ref, key, _tokens, secondary in self.blocks.values():
-            if key is not None:
-                out.add(key)
-            out.update(secondary)
-        return out
+        return _keys_of(self.blocks.values())
+
+
+def _keys_of(facts: Iterable[BlockFacts]) -> set[bytes]:
+    """Every key (primary and secondary) held by blocks with these facts."""
+    out: set[bytes] = set()
+    for _ref, key, _tokens, secondary in facts:
+        if key is not None:
+            out.add(key)
+        out.update(secondary)
+    return out
 
 
 class TableLookup(Protocol):
@@ -93,11 +98,7 @@ def build_glimpse(
         for t in g.values():
             wanted.update(t or ())
     facts = {b: view.facts(b) for b in sorted(wanted)}
-    glimpse_keys = set(keys)
-    for _ref, key, _tokens, secondary in facts.values():
-        if key is not None:
-            glimpse_keys.add(key)
-        glimpse_keys.update(secondary)
+    glimpse_keys = set(keys) | _keys_of(facts.values())
     head, tail = view.free_ends(FREE_ENDS)
     return Glimpse(
         tables=tables,

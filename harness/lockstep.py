@@ -310,7 +310,7 @@ class Lockstep:
         keys = block_keys(before_state, blocks) | block_keys(self.ref.state, blocks)
         tgt = self._target_glimpse(i, op, rid, blocks, keys)
         more_blocks = blocks | set(tgt.blocks)
-        more_keys = keys | tgt.block_keys() | block_keys(self.ref.state, more_blocks)
+        more_keys = keys | tgt.block_keys() | block_keys(self.ref.state, more_blocks - blocks)
         if more_blocks != blocks or more_keys != keys:
             tgt = self._target_glimpse(i, op, rid, more_blocks, more_keys)
         ref = self.ref.glimpse([rid], more_blocks, more_keys)

@@ -148,7 +148,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
         def hashes(rid: str) -> tuple[bytes, ...] | None:
             r = self.requests.get(rid)
-            return None if r is None else tuple(r.block_hashes)
+            return None if r is None else r.block_hashes
 
         fq = pool.free_queue
         view = GlimpseView(
@@ -157,7 +157,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             facts=facts,
             cached=lambda k: tuple(pool.cached.get(k, ())),
             num_free=len(fq),
-            free_ends=lambda k: (tuple(fq[:k]), tuple(fq[-k:]) if fq else ()),
+            free_ends=lambda k: (fq[:k], fq[-k:] if fq else ()),
             num_cached_keys=len(pool.cached),
             hashes=hashes,
         )

@@ -361,12 +361,8 @@ class VllmTarget(ManagerAdapter[Any]):
             blk = pool.blocks[b]
             key = blk._block_hash
             secondary = frozenset(bytes(k) for k in by_block.get(b, ()))
-            return (
-                (0 if b == null_id else blk.ref_cnt),
-                None if key is None else bytes(key),
-                (blk._block_hash_num_tokens),
-                secondary,
-            )
+            ref = 0 if b == null_id else blk.ref_cnt
+            return ref, None if key is None else bytes(key), blk._block_hash_num_tokens, secondary
 
         def cached(k: bytes) -> tuple[int, ...]:
             held = cache.get(k)
