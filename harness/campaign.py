@@ -15,7 +15,9 @@ Modes:
 
 Built-in catalogue: the spec mutants (``harness.mutants``, in their ``MUTANT_MODES``), the ``impl``
 allocator mutants (``harness.mutants_impl``) and, where vLLM 0.33.0 is installed, runtime mutants of
-vLLM itself (``harness.mutants_vllm``).  ``--target pkg.mod:factory`` runs a user's mutants instead:
+vLLM's manager (``harness.mutants_vllm``) and of its real scheduler (``harness.vllm_sched.mutants``:
+seeded runs of the real scheduler, no Hypothesis; the "shrunk" column is the recorded run).
+``--target pkg.mod:factory`` runs a user's mutants instead:
 ``--mutants pkg.mod:mutants`` (default: ``mutants`` in the target's module) is a callable returning
 ``{name: factory}`` or ``{name: (factory, family)}``; each factory builds the user's target with one
 bug; the unmutated target is fuzzed first as the control (a failing control is exit 2).
@@ -60,7 +62,7 @@ class Entry:
     """One row of the campaign: a mutant, in one mode, in its families."""
 
     name: str
-    origin: str  # spec | impl | vllm | user
+    origin: str  # spec | impl | vllm | scheduler | user
     mode: str  # exact | outcomes | invariants | self
     target: str  # as reports record it
     families: tuple[str, ...]
@@ -141,12 +143,19 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
         out.append(Entry(name, "impl", "exact", f"mutant:{name}", fams, _bind(im.make_mutant_target, name)))
     if with_vllm:
         from harness import mutants_vllm as vm
+        from harness.vllm_sched import mutants as schm
 
         for name in vm.MUTANTS:
             out.append(
                 Entry(name, "vllm", "exact", f"mutant:{name}", (vm.FAMILIES[name],), _bind(vm.make_mutant_target, name))
             )
+        for name, m in schm.MUTANTS.items():
+            out.append(Entry(name, "scheduler", "exact", f"mutant:{name}", (m.family,), _no_target))
     return out
+
+
+def _no_target() -> Any:
+    raise AssertionError("a scheduler mutant is run by harness.vllm_sched, not through a target factory")
 
 
 def _bind(make: Callable[[str], Any], name: str) -> Callable[[], Any]:
@@ -235,6 +244,8 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     from harness.report import write_report
     from harness.trace import trace_from_json
 
+    if entry.origin == "scheduler":
+        return run_scheduler_entry(entry, opts)
     args = argparse.Namespace(
         target=entry.target,
         relation="exact" if entry.mode == "self" else entry.mode,
@@ -265,6 +276,35 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
         time.monotonic() - start,
         res.shrunk_steps,
         len(res.trace["steps"]),
+        report,
+    )
+
+
+def run_scheduler_entry(entry: Entry, opts: argparse.Namespace) -> Row:
+    """A deliberate bug in vLLM's real scheduler (``harness.vllm_sched.mutants``): seeded runs of the
+    real scheduler with the spec in lockstep behind its manager until the first finding; its
+    operations are reduced on the real manager and written.  No Hypothesis: the "shrunk" column
+    holds the recorded run's length."""
+    import json
+
+    from harness.vllm_sched.fuzz import first_finding, write_finding
+    from harness.vllm_sched.mutants import patched
+
+    start = time.monotonic()
+    with patched(entry.name):
+        res, family, seed, runs, first = first_finding(entry.families, opts.seconds, opts.seed)
+    if res is None or res.finding is None:
+        return Row(entry, killed=False, note=f"survived {runs} scheduler runs")
+    report = write_finding(str(opts.out), res, family, seed, opts.reduce_seconds)
+    trace = json.loads((report / "trace.json").read_text())
+    return Row(
+        entry,
+        True,
+        check_of(trace["finding"]),
+        first,
+        time.monotonic() - start,
+        len(res.steps),
+        len(trace["steps"]),
         report,
     )
 

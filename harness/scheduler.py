@@ -77,9 +77,9 @@ class SReq(BookRequest):
     recv: str | None = None  # None | "pending" | "done" | "failed"
     aborted: bool = False  # finished while its remote KV was still loading (free delayed)
     sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
-    holds_blocks: bool = False  # the manager has allocated for it since its last free
     num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned
     num_stale_output_tokens: int = 0  # async: in-flight tokens of steps before a preemption
+    is_prefill_chunk: bool = False  # its last scheduled step left prompt to compute (0.33 ``Request``)
 
 
 @dataclass
@@ -113,6 +113,18 @@ class Scheduler:
         self.in_flight: deque[Batch] = deque()  # async: batches whose output is not processed yet
         self.counts: Counter[str] = Counter()
         self._next_id = 0
+        # Does a request stop on the tokens it just sampled (a stop token, its max_tokens), and how
+        # many of them does it keep?  ``stops(request_id, new_tokens)``: the count kept, or None.
+        # The world's knowledge, asked only when set (harness.vllm_sched.agreement replays vLLM's
+        # own stops); the workloads stop requests through their ``finish`` action instead.
+        self.stops: Callable[[str, tuple[int, ...]], int | None] | None = None
+        # vLLM 0.33 ``_inflight_prefills``: requests admitted to load asynchronously or to prefill in
+        # more than one chunk, until a step leaves them with no prompt to compute.  An asynchronous
+        # load is admitted only with their remaining blocks set aside; ``load_reservation(pending,
+        # step_tokens)`` (``SpecTarget.load_reservation`` on the reference state) counts them.  Unset,
+        # nothing is set aside (a driver without a reference state).
+        self.inflight_prefills: set[str] = set()
+        self.load_reservation: Callable[[list[tuple[str, int, int]], int], int] | None = None
 
     # --- request lifecycle ---------------------------------------------------------------------
 
@@ -149,17 +161,17 @@ class Scheduler:
             self._change(r, O.SetSpecTokens(r.request_id, drafts))
 
     def _free(self, r: SReq) -> None:
-        """``_free_request``: with a connector, drop out-of-window blocks first (processed basis)."""
-        if self.cfg.connector and r.holds_blocks:
-            self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
+        """``_free_request``: with a connector, drop out-of-window blocks first (processed basis),
+        whether or not the request holds blocks (vLLM 0.33 ``_connector_finished``)."""
+        if self.cfg.connector:
+            self.emit(O.RemoveSkippedBlocks(r.request_id, max(0, r.num_computed_tokens - r.num_in_flight_tokens)))
         self.emit(O.Free(r.request_id))
-        r.holds_blocks = False
 
     def preempt(self, r: SReq) -> None:
         """``_preempt_request``: free (tail first), PREEMPTED, ``num_computed_tokens = 0``, drafts
         cleared, back to the front of ``waiting``."""
         self.emit(O.Free(r.request_id))
-        r.holds_blocks = False
+        self.inflight_prefills.discard(r.request_id)
         self._set_status(r, RequestStatus.PREEMPTED)
         self._set_computed(r, 0)
         self._set_spec(r, ())
@@ -179,6 +191,7 @@ class Scheduler:
     def _remove(self, rid: str) -> SReq:
         """Take a request out of the scheduler, whatever queue holds it."""
         r = self.reqs.pop(rid)
+        self.inflight_prefills.discard(rid)
         if rid in self.running:
             self.running.remove(rid)
         for q in (self.waiting, self.kv_holding):
@@ -191,7 +204,7 @@ class Scheduler:
         r = self._remove(rid)
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.recv == "pending":
             # The load was posted and has not finished: free only on arrival (vLLM delays it).
-            if self.cfg.connector and r.holds_blocks:
+            if self.cfg.connector:
                 self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
             r.aborted = True
             self.loading_aborted[rid] = r
@@ -216,6 +229,16 @@ class Scheduler:
             r.recv = "failed"
             self._set_computed(r, valid_tokens)
             self.counts["load_failed"] += 1
+
+    def fail_load(self, rid: str, valid_tokens: int) -> None:
+        """An asynchronous load reports invalid blocks under the ``fail`` policy (0.33
+        ``_handle_invalid_blocks``): ``num_computed_tokens`` truncated at the first invalid block,
+        then the request is finished with an error while its load is still pending, so its blocks
+        are freed when the load reports done, as after an abort."""
+        r = self.reqs[rid]
+        assert r.recv == "pending", f"{rid} has no load pending"
+        self._set_computed(r, valid_tokens)
+        self.abort(rid)
 
     # --- one engine step -----------------------------------------------------------------------
 
@@ -270,7 +293,7 @@ class Scheduler:
             if out is None:
                 break
             scheduled[r.request_id] = n
-            prefill_scheduled |= r.num_computed_tokens < r.num_tokens
+            prefill_scheduled |= r.is_prefill_chunk  # as its last step left it (vLLM 0.33)
             self.counts["decode" if r.num_computed_tokens >= r.num_tokens - 1 else "prefill_chunk"] += 1
             budget -= n
             i += 1
@@ -293,7 +316,9 @@ class Scheduler:
             self._set_computed(r, r.num_computed_tokens + n)
             if self.cfg.async_scheduling:
                 self._set_in_flight(r, r.num_in_flight_tokens + n)
-            if r.num_computed_tokens >= r.num_tokens + r.num_output_placeholders:
+            r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
+            if not r.is_prefill_chunk:
+                self.inflight_prefills.discard(rid)
                 batch.samples.add(rid)
                 if self.cfg.async_scheduling:
                     r.num_output_placeholders += 1
@@ -302,6 +327,7 @@ class Scheduler:
         cfg = self.cfg
         skipped_holding: list[str] = []
         skipped_waiting: list[str] = []
+        running_scheduled = bool(scheduled)  # by the running loop (admissions below do not count)
         while budget > 0:
             queue = self.kv_holding if self.kv_holding else self.waiting
             if not queue or len(self.running) >= cfg.max_num_seqs:
@@ -335,7 +361,7 @@ class Scheduler:
                     cfg.num_spec_tokens > 0
                     and n == 1
                     and not prefill_scheduled
-                    and (scheduled or num_computed > 0)
+                    and (running_scheduled or num_computed > 0)
                     and num_computed + 1 + cfg.num_spec_tokens + 1 <= cfg.max_model_len
                 ):
                     if 1 + cfg.num_spec_tokens > budget:
@@ -355,6 +381,7 @@ class Scheduler:
                     delay_cache_blocks=load_async,
                     num_encoder_tokens=self._encoder_tokens(r, num_computed),
                     full_sequence_must_fit=cfg.reserve_full_isl,
+                    reserved_blocks=self._load_reservation() if load_async else 0,
                     has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
                 )
             )
@@ -363,13 +390,13 @@ class Scheduler:
                 # (a refused admission can still hold blocks only if it held them before)
                 self.counts["admission_refused"] += 1
                 break
-            r.holds_blocks = True
             if load_async:
                 self._set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
                 self._set_computed(r, num_computed)
                 r.recv = "pending"
                 queue.popleft()
                 skipped_holding.append(r.request_id)
+                self.inflight_prefills.add(r.request_id)
                 self.counts["async_load"] += 1
                 continue
             queue.popleft()
@@ -379,6 +406,8 @@ class Scheduler:
             self._set_status(r, RequestStatus.RUNNING)
             self._set_computed(r, num_computed)
             r.sync_ext_this_step = ext
+            if num_computed + n < r.num_tokens:
+                self.inflight_prefills.add(r.request_id)
             self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
             if ext:
                 self.counts["sync_load"] += 1
@@ -387,6 +416,20 @@ class Scheduler:
             self.waiting.appendleft(rid)
         for rid in reversed(skipped_holding):
             self.kv_holding.appendleft(rid)
+
+    def _load_reservation(self) -> int:
+        """vLLM 0.33 ``_inflight_prefill_reserved_blocks`` + ``_spec_decode_step_blocks``: what an
+        asynchronous load's admission sets aside (see ``load_reservation``)."""
+        if self.load_reservation is None:
+            return 0
+        cfg = self.cfg
+        step = 1 + cfg.num_spec_tokens + cfg.num_lookahead_tokens if cfg.num_spec_tokens else 0
+        pending = [
+            (rid, min(r.num_tokens, cfg.max_model_len) + step, r.num_computed_tokens)
+            for rid in sorted(self.inflight_prefills)
+            if (r := self.reqs.get(rid)) is not None
+        ]
+        return self.load_reservation(pending, step)
 
     def _encoder_tokens(self, r: SReq, num_computed: int) -> int:
         """vLLM 0.33 ``_try_schedule_encoder_inputs`` for an encoder-decoder model: the encoder
@@ -399,14 +442,14 @@ class Scheduler:
     def _ask_connector(self, r: SReq, local: int) -> tuple[int, bool]:
         """``get_num_new_matched_tokens``: how many more prompt tokens a remote holds, sync or async."""
         room = r.num_tokens - local
-        if room <= 0 or not self.ch.boolean("connector_hit"):
+        if room <= 0 or not self.ch.boolean(f"connector_hit:{r.request_id}"):
             return 0, False
-        if self.ch.boolean("async_load"):
+        if self.ch.boolean(f"async_load:{r.request_id}"):
             # An async load may cover the whole prompt (then the last token is recomputed).
-            return self.ch.integer(1, room, "ext_async", boundary=self.cfg.block_size), True
+            return self.ch.integer(1, room, f"ext_async:{r.request_id}", boundary=self.cfg.block_size), True
         if room <= 1:
             return 0, False
-        return self.ch.integer(1, room - 1, "ext_sync", boundary=self.cfg.block_size), False
+        return self.ch.integer(1, room - 1, f"ext_sync:{r.request_id}", boundary=self.cfg.block_size), False
 
     def _update_waiting_for_remote_kv(self, r: SReq) -> None:
         """0.33 ``_update_waiting_for_remote_kv`` + status promotion (``_handle_blocked_waiting_request``)."""
@@ -415,7 +458,6 @@ class Scheduler:
                 self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens))
             else:
                 self.emit(O.Free(r.request_id))
-                r.holds_blocks = False
         else:
             self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens))
         if r.num_computed_tokens == r.num_tokens:
@@ -452,7 +494,7 @@ class Scheduler:
         processed basis (``num_computed_tokens - num_in_flight_tokens``)."""
         running = r.status == RequestStatus.RUNNING
         if r.num_tokens < self.cfg.max_model_len:
-            self._change(r, O.AppendOutputTokens(r.request_id, (self.ch.token("sampled"),)))
+            self._change(r, O.AppendOutputTokens(r.request_id, (self.ch.token(f"sampled:{r.request_id}"),)))
         if not stale and r.num_output_placeholders > 0:
             r.num_output_placeholders -= 1
             if running:
@@ -467,14 +509,13 @@ class Scheduler:
         are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
         cfg = self.cfg
         scheduled, padded = batch.scheduled, batch.padded
+        failed: list[SReq] = []
+        invalid, recompute = self._invalid_blocks(scheduled)
+        affected = self._handle_invalid_blocks(invalid, recompute, scheduled, failed) if invalid else set()
         for rid in list(scheduled):
             r = self.reqs.get(rid)
-            if r is None or rid not in self.running:
+            if r is None or rid not in self.running or rid in affected:
                 continue
-            if r.sync_ext_this_step and cfg.single_group and self.ch.boolean("sync_load_fails"):
-                if self._sync_load_failed(r, scheduled[rid]):
-                    continue
-            r.sync_ext_this_step = 0
             if r.num_computed_tokens < r.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             drafts = batch.drafts.get(rid, ())
@@ -482,59 +523,109 @@ class Scheduler:
                 drafts = (-1,) * cfg.num_spec_tokens
             accepted = 0
             if drafts and rid not in padded:
-                accepted = self.ch.integer(0, len(drafts), "accepted_drafts")
+                accepted = self.ch.integer(0, len(drafts), f"accepted_drafts:{rid}")
             rejected = len(drafts) - accepted
             if rejected and r.num_computed_tokens > 0:
                 self._set_computed(r, r.num_computed_tokens - rejected)
                 self.counts["spec_rejection"] += 1
-            new_tokens = list(drafts[:accepted]) + [self.ch.token("sampled")]
-            room = cfg.max_model_len - r.num_tokens
-            new_tokens = new_tokens[:room]
+            new_tokens = list(drafts[:accepted]) + [self.ch.token(f"sampled:{rid}")]
+            # vLLM 0.33 ``_update_request_with_output``: tokens after a stop are dropped, and the
+            # computed count gives them back (it covers every kept token but the last).
+            keep = min(len(new_tokens), cfg.max_model_len - r.num_tokens)
+            stopped = r.num_tokens + keep >= cfg.max_model_len
+            told = self.stops(rid, tuple(new_tokens[:keep])) if self.stops is not None else None
+            if told is not None:
+                keep, stopped = min(keep, told), True
+            if keep < len(new_tokens):
+                self._set_computed(r, r.num_computed_tokens - (len(new_tokens) - keep))
+                new_tokens = new_tokens[:keep]
             if new_tokens:
                 self._change(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
                 if cfg.num_spec_tokens > 0:
                     self.emit(O.CacheBlocks(rid, r.num_computed_tokens))
                     self.counts["early_cache"] += 1
-            if r.num_tokens >= cfg.max_model_len:
+            if stopped:
+                self.counts["finish_max_model_len" if r.num_tokens >= cfg.max_model_len else "finish_stop"] += 1
                 self.finish(rid)
-                self.counts["finish_max_model_len"] += 1
                 continue
             if cfg.num_spec_tokens > 0:
-                k = self.ch.integer(0, cfg.num_spec_tokens, "num_drafts")
-                drafts = tuple(self.ch.token("draft") for _ in range(k))
+                k = self.ch.integer(0, cfg.num_spec_tokens, f"num_drafts:{rid}")
+                drafts = tuple(self.ch.token(f"draft:{rid}") for _ in range(k))
                 self._set_spec(r, drafts)
                 if drafts:
                     self.counts["drafts"] += 1
+        for r in failed:
+            self._free(r)
 
-    def _sync_load_failed(self, r: SReq, num_scheduled: int) -> bool:
-        """A synchronous external load reported invalid blocks (0.33 ``_handle_invalid_blocks``,
-        policy chosen per failure): recompute truncates ``num_computed_tokens`` at the first invalid
-        block; fail evicts the invalid blocks' hashes and fails the request.  Returns True if the
-        request is gone."""
+    def _invalid_blocks(self, scheduled: dict[str, int]) -> tuple[set[int], bool]:
+        """The world's answer for this step's synchronous loads: the blocks reported invalid (one
+        per failing load, among the blocks it loaded) and the policy (``recompute``, else ``fail``:
+        the connector's ``kv_load_failure_policy``, drawn once per step)."""
         bs = self.cfg.block_size
-        ext = r.sync_ext_this_step
-        r.sync_ext_this_step = 0
-        before = r.num_computed_tokens - num_scheduled
-        first_ext_block = (before - ext) // bs
-        last = -(-before // bs)
-        if first_ext_block >= last or self.table is None:
-            return False
-        # The worker reports real blocks only: a null (window-skipped) position is never invalid.
-        table = self.table(r.request_id)
-        real = [j for j in range(first_ext_block, min(last, len(table))) if table[j]]
-        if not real:
-            return False
-        i = real[self.ch.integer(0, len(real) - 1, "invalid_block")]
-        if self.ch.boolean("recompute_kv_load_failures"):
-            self._set_computed(r, i * bs)
-            self.counts["load_invalid_recompute"] += 1
-            return False
-        self.emit(O.EvictBlocks(tuple(b for b in table[i:last] if b)))
-        self.counts["evict_blocks"] += 1
-        self.reqs.pop(r.request_id)
-        self.running.remove(r.request_id)
-        self._free(r)
-        return True
+        invalid: set[int] = set()
+        recompute: bool | None = None
+        for rid in scheduled:
+            r = self.reqs.get(rid)
+            if r is None or rid not in self.running:
+                continue
+            ext, r.sync_ext_this_step = r.sync_ext_this_step, 0
+            if not (ext and self.cfg.single_group and self.table is not None):
+                continue
+            if not self.ch.boolean(f"sync_load_fails:{rid}"):
+                continue
+            before = r.num_computed_tokens - scheduled[rid]
+            # The worker reports real blocks only: a null (window-skipped) position is never invalid.
+            table = self.table(rid)
+            loaded = [j for j in range((before - ext) // bs, min(-(-before // bs), len(table))) if table[j]]
+            if not loaded:
+                continue
+            invalid.add(table[loaded[self.ch.integer(0, len(loaded) - 1, f"invalid_block:{rid}")]])
+            if recompute is None:
+                recompute = self.ch.boolean(f"recompute_kv_load_failures:{rid}")
+        return invalid, bool(recompute)
+
+    def _handle_invalid_blocks(
+        self, invalid: set[int], recompute: bool, scheduled: dict[str, int], failed: list[SReq]
+    ) -> set[str]:
+        """vLLM 0.33 ``_handle_invalid_blocks`` for running requests: every running request holding
+        an invalid block among the blocks computed before this step is affected; the first to hold
+        a block has ``num_computed_tokens`` truncated there (later holders of that block keep their
+        count before this step).  ``fail`` evicts the table from each truncation on and fails the
+        affected requests after the step's output.  Returns the affected requests (their output
+        is skipped).  Asynchronous loads sharing such a block are not modelled."""
+        assert self.table is not None
+        bs = self.cfg.block_size
+        marked: set[int] = set()
+        affected: list[str] = []
+        evict: set[int] = set()
+        for rid in list(self.running):
+            r = self.reqs[rid]
+            before = r.num_computed_tokens - scheduled.get(rid, 0)
+            table = self.table(rid)
+            hit = truncated = False
+            for idx, b in zip(range(-(-before // bs)), table):
+                if b not in invalid:
+                    continue
+                hit = True
+                if b in marked:
+                    continue
+                marked.add(b)
+                if not truncated:
+                    truncated = True
+                    self._set_computed(r, idx * bs)
+                    evict.update(x for x in table[idx:] if x)
+            if hit:
+                if not truncated:
+                    self._set_computed(r, before)
+                affected.append(rid)
+        if recompute:
+            self.counts["load_invalid_recompute"] += len(affected)
+            return set(affected)
+        if evict:
+            self.emit(O.EvictBlocks(tuple(sorted(evict))))
+            self.counts["evict_blocks"] += 1
+        failed.extend(self._remove(rid) for rid in affected)  # failed after the output (``finish_requests``)
+        return set(affected)
 
     # --- queries for rules ---------------------------------------------------------------------
 

@@ -317,6 +317,7 @@ def run_seeded(
     target.reset(config)
     sc = draw_sched_config(ch, config, features=features)
     w = Workload(config, sc, emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
+    w.sched.load_reservation = getattr(target, "load_reservation", None)  # the spec's, when it is the target
     for _ in range(actions):
         enabled = [a for a in ACTIONS if a.enabled(w)]
         w.run(rng.choices(enabled, weights=[a.weight for a in enabled])[0].name, ch)

@@ -163,6 +163,23 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         )
         return build_glimpse(view, requests, blocks, keys)
 
+    def load_reservation(self, pending: Sequence[tuple[str, int, int]], step_tokens: int) -> int:
+        """The blocks vLLM 0.33's scheduler sets aside when it admits an asynchronous load
+        (``Scheduler._inflight_prefill_reserved_blocks`` + ``_spec_decode_step_blocks``): for each
+        in-flight prefill ``(request id, tokens it must hold, tokens computed)`` the blocks it still
+        needs (``get_num_blocks_to_allocate`` with the admission cap, no new hits), plus one
+        speculative step of ``step_tokens`` in every group."""
+        from spec.arith import cdiv
+        from spec.coordinator import get_num_blocks_to_allocate
+        from spec.types import RequestId
+
+        needed = sum(
+            get_num_blocks_to_allocate(self.state, RequestId(rid), n, (), 0, computed, apply_admission_cap=True)
+            for rid, n, computed in pending
+        )
+        groups = self.state.config.groups
+        return needed + (sum(cdiv(step_tokens, int(g.block_size)) for g in groups) if step_tokens else 0)
+
     def observe(self) -> Observation:
         """The one function that reads the spec state (it already speaks the vocabulary)."""
         s = self.state

@@ -15,7 +15,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 
 class StubConnector(KVConnectorBase_V1, SupportsHMA):
-    """Loads ``kv_transfer_params["load"]`` tokens of a request (async unless ``"sync"``)."""
+    """Loads ``kv_transfer_params["load"]`` tokens of a request (async unless ``"sync"``); keeps the
+    external tokens the scheduler allocated for each request's latest load (``loaded``), as a
+    worker knows which blocks it writes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loaded: dict[str, int] = {}
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params or {}
@@ -27,7 +33,7 @@ class StubConnector(KVConnectorBase_V1, SupportsHMA):
         return count, count > 0 and not sync
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        pass
+        self.loaded[request.request_id] = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         return KVConnectorMetadata()

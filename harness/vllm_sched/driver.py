@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import lcm
 from typing import Any
@@ -87,6 +88,22 @@ def draw_knobs(ch: Choices, config: KVCacheConfig, family: str) -> SchedKnobs:
 
 
 @dataclass
+class WorldStep:
+    """What the world did in one engine step (recorded when a ``Driver`` is asked to): the inputs
+    kvspec's scheduler model is given to replay the step (``harness.vllm_sched.agreement``)."""
+
+    arrivals: list[tuple[str, tuple[int, ...], dict[str, Any] | None]] = field(default_factory=list)
+    abort: str | None = None
+    reset: bool = False
+    sampled: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (accepted drafts, bonus token)
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> drafts proposed after the step
+    loads_done: list[str] = field(default_factory=list)  # async loads reported finished, as vLLM walks them
+    load_invalid: dict[str, int] = field(default_factory=dict)  # rid -> table index of its invalid block
+    sync_failed: str | None = None  # the synchronous load reported bad this step
+    kept: dict[str, int] = field(default_factory=dict)  # rid -> sampled tokens its request kept (a stop drops the rest)
+
+
+@dataclass
 class RunResult:
     """One run of the real scheduler: counts, and the finding with its lockstep steps if any."""
 
@@ -110,7 +127,12 @@ class Driver:
     """The world around one real scheduler: arrivals, the model's outputs, the connector's loads."""
 
     def __init__(
-        self, sched: Any, config: KVCacheConfig, knobs: SchedKnobs, ch: Choices
+        self,
+        sched: Any,
+        config: KVCacheConfig,
+        knobs: SchedKnobs,
+        ch: Choices,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
@@ -127,6 +149,8 @@ class Driver:
         self.next_id = 0
         self.loading: set[str] = set()
         self.max_len = int(config.max_model_len)
+        self.on_phase = on_phase  # told "world", "schedule", "update" as each phase of a step begins
+        self.world: list[WorldStep] | None = None if on_phase is None else []  # recorded with on_phase
 
     def _new_request(self) -> Any:
         SamplingParams, _, _, _, Request, _ = self._v
@@ -151,21 +175,35 @@ class Driver:
             req.kv_transfer_params = {"load": load, "sync": ch.integer(0, 3, "sync") == 0}
         return req
 
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
     def step(self) -> None:
         """One engine step."""
         _, DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, _, RequestStatus = self._v
         ch, sched = self.ch, self.sched
+        world = WorldStep()
+        if self.world is not None:
+            self.world.append(world)
+        self._phase("world")
         if len(sched.requests) < 8:  # a bounded backlog: requests get served, not only queued
             for _ in range(ch.integer(0, 2, "arrivals")):
-                sched.add_request(self._new_request())
+                req = self._new_request()
+                world.arrivals.append((req.request_id, tuple(req.prompt_token_ids), req.kv_transfer_params))
+                sched.add_request(req)
         live = sorted(sched.requests)
         # Aborts: sometimes; often once the backlog is full (a request the pool can never hold
         # would otherwise block the queue for the rest of the run).
         if live and ch.integer(0, 3 if len(live) >= 8 else 19, "abort") == 0:
-            sched.finish_requests(ch.choice(live, "abort_id"), RequestStatus.FINISHED_ABORTED)
+            world.abort = ch.choice(live, "abort_id")
+            sched.finish_requests(world.abort, RequestStatus.FINISHED_ABORTED)
         if ch.integer(0, 29, "reset") == 0:
+            world.reset = True
             sched.reset_prefix_cache()
+        self._phase("schedule")
         out = sched.schedule()
+        self._phase("update")
         req_ids = list(out.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for rid in req_ids:
@@ -179,60 +217,79 @@ class Driver:
             accepted = ch.integer(0, len(drafts), "accepted") if drafts else 0
             bonus = STOP_TOKEN if ch.integer(0, 15, "stop") == 0 else ch.token("sampled")
             sampled.append([*drafts[:accepted], bonus])
+            world.sampled[rid] = (accepted, bonus)
         kv_out = None
         if self.knobs.connector:
-            # Loads under way: started by this schedule() or earlier, reported done once (even for a
-            # request aborted meanwhile: the worker still finishes its transfer).
-            reported = sched.finished_recving_kv_req_ids
-            self.loading |= {
-                rid
-                for rid, r in sched.requests.items()
-                if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in reported
-            }
-            self.loading &= set(sched.requests)
-            done = {rid for rid in sorted(self.loading) if ch.integer(0, 2, "load_done") == 0}
-            self.loading -= done
-            invalid: set[int] = set()
-            for rid in sorted(done):
-                if self.fail_loads and len(self.config.groups) == 1 and ch.integer(0, 4, "load_failed") == 0:
-                    ids = [b for g in sched.kv_cache_manager.get_block_ids(rid) for b in g if b]
-                    if ids:
-                        invalid.add(ch.choice(ids, "invalid_block"))
-            # A synchronous load of this step reported bad: the block holding its last loaded token.
-            sync_loads = [
-                r.req_id
-                for r in out.scheduled_new_reqs
-                if (sched.requests[r.req_id].kv_transfer_params or {}).get("sync") and r.num_computed_tokens > 0
-            ]
-            if (
-                self.fail_loads
-                and len(self.config.groups) == 1
-                and sync_loads
-                and ch.integer(0, 3, "sync_load_failed") == 0
-            ):
-                rid = ch.choice(sorted(sync_loads), "failed_req")
-                (table,) = sched.kv_cache_manager.get_block_ids(rid)
-                last = (sched.requests[rid].num_computed_tokens - 1) // int(self.config.scheduler_block_size)
-                if 0 <= last < len(table) and table[last]:
-                    invalid.add(table[last])
-            if done or invalid:
-                kv_out = KVConnectorOutput(finished_recving=done, invalid_block_ids=invalid)
+            kv_out = self._connector_output(out, world, KVConnectorOutput, RequestStatus)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
             kv_connector_output=kv_out,
         )
+        taking = {rid: sched.requests[rid] for rid in world.sampled}
+        before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
         sched.update_from_output(out, mro)
+        world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
         if self.knobs.num_spec_tokens:
             ids, drafts = [], []
+            # The drafter proposes for the requests this step sampled (the model runner's batch).
             for r in sched.running:
-                if r.num_computed_tokens >= r.num_tokens - 1 and ch.integer(0, 3, "draft"):
+                if r.request_id in world.sampled and ch.integer(0, 3, "draft"):
                     ids.append(r.request_id)
                     n = ch.integer(0, self.knobs.num_spec_tokens, "num_drafts")
                     drafts.append(list(ch.tokens(n, "drafts")))
+                    world.drafts[r.request_id] = tuple(drafts[-1])
             if ids:
                 sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+
+    def _connector_output(self, out: Any, world: WorldStep, KVConnectorOutput: Any, RequestStatus: Any) -> Any:
+        """The worker side of the stub connector for one step: loads that finish, and failed ones
+        (a block reported invalid)."""
+        ch, sched = self.ch, self.sched
+        # Loads under way: started by this schedule() or earlier, reported done once (even for a
+        # request aborted meanwhile: the worker still finishes its transfer).
+        reported = sched.finished_recving_kv_req_ids
+        self.loading |= {
+            rid
+            for rid, r in sched.requests.items()
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in reported
+        }
+        self.loading &= set(sched.requests)
+        done = {rid for rid in sorted(self.loading) if ch.integer(0, 2, "load_done") == 0}
+        self.loading -= done
+        world.loads_done = list(done)  # in the order vLLM walks the set it is given
+        invalid: set[int] = set()
+        for rid in sorted(done):
+            if self.fail_loads and len(self.config.groups) == 1 and ch.integer(0, 4, "load_failed") == 0:
+                # Only a block the connector was loading: past the local hit, within the load.
+                (table,) = sched.kv_cache_manager.get_block_ids(rid)
+                computed, sbs = sched.requests[rid].num_computed_tokens, int(self.config.scheduler_block_size)
+                first = (computed - sched.connector.loaded.get(rid, 0)) // sbs
+                positions = [i for i in range(first, min(-(-computed // sbs), len(table))) if table[i]]
+                if positions:
+                    i = ch.choice(positions, "invalid_block")
+                    invalid.add(table[i])
+                    world.load_invalid[rid] = i
+        # A synchronous load of this step reported bad: the block holding its last loaded token
+        # (a worker reports only blocks it was asked to load).
+        loaded = sched.connector.loaded
+        sync_loads = {
+            r.req_id: r.num_computed_tokens
+            for r in out.scheduled_new_reqs
+            if (sched.requests[r.req_id].kv_transfer_params or {}).get("sync") and loaded.get(r.req_id, 0) > 0
+        }
+        single = self.fail_loads and len(self.config.groups) == 1
+        if single and sync_loads and ch.integer(0, 3, "sync_load_failed") == 0:
+            rid = ch.choice(sorted(sync_loads), "failed_req")
+            (table,) = sched.kv_cache_manager.get_block_ids(rid)
+            last = (sync_loads[rid] - 1) // int(self.config.scheduler_block_size)
+            if 0 <= last < len(table) and table[last]:
+                invalid.add(table[last])
+                world.sync_failed = rid
+        if done or invalid:
+            return KVConnectorOutput(finished_recving=done, invalid_block_ids=invalid)
+        return None
 
 
 def run_one(
@@ -244,9 +301,11 @@ def run_one(
     max_ops: int = 8000,
     deadline: float | None = None,
     relation: str = "exact",
+    stop: Callable[[], bool] | None = None,
 ) -> RunResult:
     """One real scheduler with the spec in lockstep behind its manager, driven until
-    ``max_engine_steps``, ``max_ops`` mirrored operations, ``deadline`` or the first finding."""
+    ``max_engine_steps``, ``max_ops`` mirrored operations, ``deadline``, ``stop()`` (asked before
+    each engine step: a signal came) or the first finding."""
     sched, spec_config = build_scheduler(config, knobs)
     res = RunResult(spec_config, knobs, relation=relation)
     sink = LockstepSink(spec_config, sched.kv_cache_manager, relation)
@@ -255,7 +314,7 @@ def run_one(
     t = time.perf_counter()
     try:
         while res.engine_steps < max_engine_steps and len(sink.steps) < max_ops:
-            if deadline is not None and time.monotonic() > deadline:
+            if (deadline is not None and time.monotonic() > deadline) or (stop is not None and stop()):
                 break
             driver.step()
             res.engine_steps += 1
@@ -273,4 +332,4 @@ def run_one(
     return res
 
 
-__all__ = ["SCHED_FAMILIES", "STOP_TOKEN", "Driver", "RunResult", "draw_config", "draw_knobs", "run_one"]
+__all__ = ["SCHED_FAMILIES", "STOP_TOKEN", "Driver", "RunResult", "WorldStep", "draw_config", "draw_knobs", "run_one"]

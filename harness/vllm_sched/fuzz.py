@@ -7,19 +7,24 @@ reproduces a run.  Families the real scheduler cannot run on CPU are skipped wit
 first finding writes the usual report folder (``harness.report.write_report``; its ``trace.json``
 holds ordinary harness operations, so ``kvspec replay`` reproduces it on ``--target vllm`` or
 ``spec``) and exits 1; otherwise a summary (engine steps, manager calls per second) and exit 0.
+SIGINT or SIGTERM (``harness.signals``) stops the run before its next engine step: a finding of the
+run under way is still written, the summary printed, and the exit status is 130 or 143.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness.finding import Finding
 from harness.known_bugs import get_known_bug
+from harness.signals import signal_name
 from harness.targets.base import Unsupported
 from harness.trace import Trace
 from harness.vllm_sched.build import SchedKnobs
@@ -77,6 +82,39 @@ def finding_trace(
     )
 
 
+def write_finding(out: str, res: RunResult, family: str, seed: int, reduce_seconds: float) -> Path:
+    """The report of a run that ended in a finding: its operations reduced for up to
+    ``reduce_seconds`` by replaying them on the real manager (``harness.reduce``; the scheduler's
+    calls are the operations, so no scheduler is needed), then written (``harness.report``)."""
+    from harness.fuzzing import reduce_finding
+    from harness.report import write_report
+    from harness.targets.vllm import VllmTarget
+
+    assert res.finding is not None
+    trace = finding_trace(res, family, seed)
+    opts = argparse.Namespace(reduce_seconds=reduce_seconds, step_timeout=10.0)
+    trace, _ = reduce_finding(trace, res.finding.finding, VllmTarget, opts)
+    trace.extra["recorded_steps"] = len(res.steps)
+    return write_report(out, trace)
+
+
+def first_finding(
+    families: Sequence[str], seconds: float, seed: int
+) -> tuple[RunResult | None, str, int, int, float]:
+    """Runs of ``families`` in turn (seeded as ``kvspec fuzz`` seeds them) until one ends in a finding
+    or ``seconds`` pass: (that run or None, its family, its seed, runs made, seconds to the finding)."""
+    start = time.monotonic()
+    deadline = start + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        family, s = families[i % len(families)], run_seed(seed, i)
+        i += 1
+        res = one_run(family, s, deadline=deadline)
+        if res.finding is not None:
+            return res, family, s, i, time.monotonic() - start
+    return None, "", 0, i, time.monotonic() - start
+
+
 def knobs_json(knobs: SchedKnobs) -> dict[str, Any]:
     return {
         "token_budget": knobs.token_budget,
@@ -93,16 +131,38 @@ def fuzz_scheduler(
     out: str,
     say: Callable[[str], None] | None = None,
     relation: str = "exact",
+    reduce_seconds: float = 10.0,
 ) -> int:
     """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status."""
-    from harness.report import write_report
-    from harness.targets.vllm import VllmUnavailable, _vllm
+    from harness.signals import SIGNALS, Interrupted
 
     def emit(line: str) -> None:
         (say or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
 
+    with SIGNALS.installed():
+        try:
+            return _fuzz_scheduler(families, seconds, seed, out, emit, relation, reduce_seconds)
+        except Interrupted as e:  # while vLLM was loading
+            emit(f"kvspec fuzz: interrupted by {signal_name(e.signum)} while vLLM loaded; nothing run")
+            return 128 + e.signum
+
+
+def _fuzz_scheduler(
+    families: list[str],
+    seconds: float,
+    seed: int,
+    out: str,
+    emit: Callable[[str], None],
+    relation: str,
+    reduce_seconds: float,
+) -> int:
+    from harness.report import write_report
+    from harness.signals import SIGNALS
+    from harness.targets.vllm import VllmUnavailable, _vllm
+
     try:
-        _vllm()
+        with SIGNALS.armed():
+            _vllm()
     except VllmUnavailable as e:
         emit(f"kvspec fuzz: {e}")
         return EXIT_USAGE
@@ -125,8 +185,11 @@ def fuzz_scheduler(
     known_reports: dict[str, str] = {}
     unsupported: dict[str, str] = {}
     i = 0
+    def signalled() -> bool:
+        return SIGNALS.signum is not None
+
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not signalled():
             family = runs[i % len(runs)]
             s = run_seed(seed, i)
             i += 1
@@ -135,7 +198,7 @@ def fuzz_scheduler(
                     break
                 continue
             try:
-                res = one_run(family, s, deadline=deadline, relation=relation)
+                res = one_run(family, s, deadline=deadline, relation=relation, stop=signalled)
             except Unsupported as e:
                 unsupported[family] = str(e)
                 emit(f"kvspec fuzz: family {family} skipped (seed {s}): {e}")
@@ -161,15 +224,17 @@ def fuzz_scheduler(
                     name = f"known-{bug_id}-{get_known_bug(bug_id).name}"
                     known_reports[bug_id] = str(write_report(out, trace, name=name))
             if res.finding is not None:
-                dest = write_report(out, finding_trace(res, family, s))
+                dest = write_finding(out, res, family, s, reduce_seconds)
                 emit(f"kvspec fuzz: {res.finding.finding.summary()}")
                 emit(f"kvspec fuzz: family {family}, run seed {s}; report written to {dest}")
                 emit(f"kvspec fuzz: replay it with: kvspec replay {dest} --target vllm   (or --target spec)")
-                return EXIT_FOUND
-    except KeyboardInterrupt:
+                return 128 + SIGNALS.signum if SIGNALS.signum is not None else EXIT_FOUND
+    except KeyboardInterrupt:  # a signal before the handlers were in place, or a second one
         emit("kvspec fuzz: interrupted; nothing found so far")
         return EXIT_INTERRUPTED
     elapsed = max(time.monotonic() - start, 1e-9)
+    if SIGNALS.signum is not None:
+        emit(f"kvspec fuzz: interrupted by {signal_name(SIGNALS.signum)}; nothing found so far")
     emit(
         f"kvspec fuzz: no finding in {elapsed:.1f}s: {totals['runs']} scheduler runs, "
         f"{totals['engine_steps']} engine steps ({totals['engine_steps'] / elapsed:.0f}/s), "
@@ -183,7 +248,7 @@ def fuzz_scheduler(
             f"kvspec fuzz: known bug {bug_id} ({bug.name}): {n} hits; {bug.status}; report "
             f"{known_reports.get(bug_id, '-')}; see {bug.report}"
         )
-    return EXIT_OK
+    return 128 + SIGNALS.signum if SIGNALS.signum is not None else EXIT_OK
 
 
 def handles(target: str) -> bool:
@@ -213,7 +278,14 @@ def fuzz_cli(args: Any, families: list[str]) -> int:
         )
 
     def run() -> int:
-        return fuzz_scheduler(families, float(args.seconds), int(args.seed), str(args.out), relation=str(args.relation))
+        return fuzz_scheduler(
+            families,
+            float(args.seconds),
+            int(args.seed),
+            str(args.out),
+            relation=str(args.relation),
+            reduce_seconds=float(getattr(args, "reduce_seconds", 10.0)),
+        )
 
     if args.target == TARGET_NAME:
         return run()

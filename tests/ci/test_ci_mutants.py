@@ -155,3 +155,25 @@ def test_the_whole_catalogue_is_killed(tmp_path):
     r = kvspec("mutants", "--seconds", "60", "--shrink-seconds", "3", "--out", "reports", cwd=tmp_path, timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "checks that killed no mutant" in r.stdout
+
+
+def test_a_scheduler_mutant_is_a_campaign_row_with_a_reduced_report(tmp_path):
+    pytest.importorskip("vllm")
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from harness.vllm_sched.mutants import MUTANTS
+
+    entries = [e for e in builtin_entries(with_vllm=True) if e.origin == "scheduler"]
+    assert sorted(e.name for e in entries) == sorted(MUTANTS)
+    assert select(entries, "origin:scheduler") == entries
+    (entry,) = [e for e in entries if e.name == "hit_off_by_one"]
+    before = dict(Scheduler.__dict__)
+    opts = argparse.Namespace(seconds=30, seed=0, reduce_seconds=5.0, out=str(tmp_path))
+    row = run_entry(entry, opts)
+    assert row.killed and row.report is not None and (row.report / "trace.json").is_file(), row
+    assert row.first_failure is not None and row.to_report is not None and row.first_failure <= row.to_report
+    assert row.reduced_steps is not None and row.shrunk_steps is not None and row.reduced_steps <= row.shrunk_steps
+    assert dict(Scheduler.__dict__) == before  # the patch is gone
+    # The reduced report replays to its finding on the unpatched real manager.
+    r = kvspec("replay", str(row.report), "--target", "vllm", cwd=tmp_path)
+    assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
