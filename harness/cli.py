@@ -52,9 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--relation", default="exact", help="equality relation: exact, outcomes, invariants")
     f.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, nightly")
-    f.add_argument(
-        "--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)"
-    )
+    f.add_argument("--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)")
     f.add_argument("--batch", type=int, default=10, help="examples per family before rotating (>= 1)")
     f.add_argument(
         "--shrink-seconds",
@@ -379,6 +377,10 @@ def replay_cmd(args: argparse.Namespace) -> int:
         check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.glimpse)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from harness.vllm_sched.fuzz import handles
+
+    if args.target and handles(args.target):
+        return _replay_scheduler(args)
     # Every file is read and every target chosen and loaded before anything runs.
     try:
         found = find_traces(args.paths)
@@ -418,6 +420,36 @@ def replay_cmd(args: argparse.Namespace) -> int:
             ],
             sum(c[2] for c in cases),
         )
+    return EXIT_OK if bad == 0 else EXIT_FOUND
+
+
+def _replay_scheduler(args: argparse.Namespace) -> int:
+    """``kvspec replay --target vllm-scheduler`` (or ``mutant:NAME`` of a scheduler mutant): each
+    report of the real scheduler's fuzz re-drives the real scheduler from its recorded run
+    (``harness.vllm_sched.fuzz.replay_scheduler_run``); every file is checked before any run."""
+    from harness.ops import TraceFormatError
+    from harness.targets.vllm import VllmUnavailable, _vllm
+    from harness.trace_folders import find_traces
+    from harness.vllm_sched.fuzz import TARGET_NAME, replay_scheduler_run, scheduler_run_of
+
+    try:
+        found = find_traces(args.paths)
+        for p, t in found.traces:
+            scheduler_run_of(t, str(p))
+        _vllm()
+    except (TraceFormatError, ValueError, VllmUnavailable) as e:
+        raise UsageError(str(e)) from None
+    if args.junit_xml:
+        raise UsageError(f"--junit-xml is not written by --target {args.target}")
+    for p, why in found.skipped:
+        print(f"kvspec replay: skipped {p}: {why}", file=sys.stderr)
+    mutant = None if args.target == TARGET_NAME else args.target.split(":", 1)[1]
+    bad = 0
+    for p, trace in found.traces:
+        result = replay_scheduler_run(trace, str(p), mutant)
+        print(f"{'ok  ' if result.ok else 'FAIL'} {p}: {result.message}")
+        bad += not result.ok
+    print(f"kvspec replay: {len(found.traces) - bad}/{len(found.traces)} scheduler run(s) ended without a finding")
     return EXIT_OK if bad == 0 else EXIT_FOUND
 
 

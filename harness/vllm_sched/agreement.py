@@ -84,8 +84,10 @@ class WorldAnswers:
     """``harness.workload.Choices`` for kvspec's scheduler model, answered from one recorded
     ``WorldStep`` of the real run; a question the record cannot answer raises ``Unanswerable``."""
 
-    def __init__(self, knobs: SchedKnobs, model: Scheduler, params: dict[str, dict[str, Any] | None]) -> None:
-        self.knobs, self.model, self.params = knobs, model, params
+    def __init__(self, knobs: SchedKnobs) -> None:
+        self.knobs = knobs
+        self.model: Scheduler | None = None  # the model it answers (set once built)
+        self.params: dict[str, dict[str, Any] | None] = {}  # request id -> its kv_transfer_params
         self.step = WorldStep()
         self.hits: dict[str, int] = {}  # request id -> tokens its last prefix lookup hit
         self._drafts: dict[str, list[int]] = {}
@@ -96,6 +98,7 @@ class WorldAnswers:
 
     def _connector(self, rid: str) -> tuple[int, bool]:
         """(tokens the stub connector offers, asynchronously?) as ``StubConnector`` answers."""
+        assert self.model is not None
         params = self.params.get(rid) or {}
         r = self.model.reqs[rid]
         load, sync = int(params.get("load", 0)), bool(params.get("sync", False))
@@ -283,10 +286,9 @@ def replay_on_model(
                 answers.hits[op.request_id] = out["num_hit_tokens"]
         return out
 
-    params: dict[str, dict[str, Any] | None] = {}
-    model = Scheduler(model_config(config, knobs), emit, None, lambda rid: target.observe().tables[0].get(rid, ()))  # type: ignore[arg-type]
-    answers = WorldAnswers(knobs, model, params)
-    model.ch = answers
+    answers = WorldAnswers(knobs)
+    model = Scheduler(model_config(config, knobs), emit, answers, lambda rid: target.observe().tables[0].get(rid, ()))
+    answers.model = model
     model.load_reservation = target.load_reservation
     res = RunAgreement(family, seed, engine_steps=len(world))
     for step, real in zip(world, real_steps, strict=True):

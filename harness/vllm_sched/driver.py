@@ -265,7 +265,7 @@ class Driver:
                 # Only a block the connector was loading: past the local hit, within the load.
                 (table,) = sched.kv_cache_manager.get_block_ids(rid)
                 computed, sbs = sched.requests[rid].num_computed_tokens, int(self.config.scheduler_block_size)
-                first = (computed - sched.connector.loaded.get(rid, 0)) // sbs
+                first = max(0, computed - sched.connector.loaded.get(rid, 0)) // sbs
                 positions = [i for i in range(first, min(-(-computed // sbs), len(table))) if table[i]]
                 if positions:
                     i = ch.choice(positions, "invalid_block")

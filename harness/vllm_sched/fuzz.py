@@ -5,8 +5,10 @@ Runs follow each other until ``--seconds`` is spent: run ``i`` draws a family of
 turn, a config of it and the scheduler knobs from ``SeededChoices(Random(seed, i))``, so ``--seed``
 reproduces a run.  Families the real scheduler cannot run on CPU are skipped with a message.  The
 first finding writes the usual report folder (``harness.report.write_report``; its ``trace.json``
-holds ordinary harness operations, so ``kvspec replay`` reproduces it on ``--target vllm`` or
-``spec``) and exits 1; otherwise a summary (engine steps, manager calls per second) and exit 0.
+holds ordinary harness operations, reduced on the real manager, so ``kvspec replay`` reproduces it
+on ``--target vllm`` or ``spec``; ``--target vllm-scheduler`` re-drives the real scheduler from the
+run's family and seed, ``replay_scheduler_run``) and exits 1; otherwise a summary (engine steps,
+manager calls per second) and exit 0.
 SIGINT or SIGTERM (``harness.signals``) stops the run before its next engine step: a finding of the
 run under way is still written, the summary printed, and the exit status is 130 or 143.
 """
@@ -14,6 +16,7 @@ run under way is still written, the summary printed, and the exit status is 130 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import time
@@ -98,9 +101,7 @@ def write_finding(out: str, res: RunResult, family: str, seed: int, reduce_secon
     return write_report(out, trace)
 
 
-def first_finding(
-    families: Sequence[str], seconds: float, seed: int
-) -> tuple[RunResult | None, str, int, int, float]:
+def first_finding(families: Sequence[str], seconds: float, seed: int) -> tuple[RunResult | None, str, int, int, float]:
     """Runs of ``families`` in turn (seeded as ``kvspec fuzz`` seeds them) until one ends in a finding
     or ``seconds`` pass: (that run or None, its family, its seed, runs made, seconds to the finding)."""
     start = time.monotonic()
@@ -113,6 +114,53 @@ def first_finding(
         if res.finding is not None:
             return res, family, s, i, time.monotonic() - start
     return None, "", 0, i, time.monotonic() - start
+
+
+MAX_REPLAY_ENGINE_STEPS = 100_000
+
+
+def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int]:
+    """(family, run seed, engine steps) of a report the real scheduler's fuzz wrote, checked: a
+    trace is data, so anything else is a ``ValueError`` naming the problem."""
+    extra = trace.extra
+    if extra.get("driver") != TARGET_NAME:
+        raise ValueError(f"{where}: not recorded by --target {TARGET_NAME} (no scheduler run to re-drive)")
+    steps = extra.get("engine_steps")
+    if trace.family not in SCHED_FAMILIES:
+        raise ValueError(f"{where}: family {trace.family!r} is not a scheduler family ({', '.join(SCHED_FAMILIES)})")
+    if trace.seed is None or not 0 <= trace.seed < 1 << 63:
+        raise ValueError(f"{where}: run seed {trace.seed!r} is not one the scheduler fuzz draws")
+    if type(steps) is not int or not 0 <= steps <= MAX_REPLAY_ENGINE_STEPS:
+        raise ValueError(f"{where}: extra.engine_steps must be an int in [0, {MAX_REPLAY_ENGINE_STEPS}], got {steps!r}")
+    return trace.family, trace.seed, steps
+
+
+def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) -> Any:
+    """``kvspec replay --target vllm-scheduler``: re-drive vLLM's real scheduler from the run's
+    recorded inputs (its family and run seed: the driver draws every input from them) for the
+    recorded engine steps, the spec in lockstep as in the fuzz; with ``mutant``, under that
+    deliberate scheduler bug.  A ``harness.replay.ReplayResult``: not ok when the run ends in a
+    finding (the same one as recorded, or another), ok when the finding is gone."""
+    from harness.reduce import finding_signature
+    from harness.replay import ReplayResult
+    from harness.vllm_sched.mutants import patched
+
+    family, seed, steps = scheduler_run_of(trace, where)
+    with patched(mutant) if mutant else contextlib.nullcontext():
+        res = one_run(family, seed, max_engine_steps=steps + 1)
+    rec = trace.finding or {}
+    recorded = finding_signature(
+        Finding(str(rec.get("kind")), None, str(rec.get("message", "")), rec.get("op"), invariant=rec.get("invariant"))
+    )
+    for bug_id, (known, _) in sorted(res.known_first.items()):  # a known bug is counted, not raised
+        if finding_signature(known) == recorded:
+            msg = f"the recorded finding, known bug {bug_id} (met {res.known_hits[bug_id]} times): {known.summary()}"
+            return ReplayResult(False, res.ops, msg, known)
+    if res.finding is None:
+        return ReplayResult(True, res.ops, f"{res.engine_steps} engine steps of the real scheduler, no finding")
+    found = res.finding.finding
+    same = "the recorded finding" if finding_signature(found) == recorded else "a new finding"
+    return ReplayResult(False, res.ops, f"{same} after {res.engine_steps} engine steps: {found.summary()}", found)
 
 
 def knobs_json(knobs: SchedKnobs) -> dict[str, Any]:
@@ -185,6 +233,7 @@ def _fuzz_scheduler(
     known_reports: dict[str, str] = {}
     unsupported: dict[str, str] = {}
     i = 0
+
     def signalled() -> bool:
         return SIGNALS.signum is not None
 

@@ -79,3 +79,31 @@ def test_fuzz_cli_with_scheduler_mutant_writes_report_that_replays(
     (dest,) = out.iterdir()
     assert main(["replay", str(dest)]) == 1  # the recorded target (vllm) is built in
     assert main(["replay", str(dest), "--target", "spec"]) == 1
+
+
+def test_replay_re_drives_the_real_scheduler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--target vllm-scheduler re-runs the recorded scheduler run (family, run seed, engine steps):
+    under the same scheduler bug it ends in the recorded finding; on the correct scheduler it ends
+    clean; a trace that records no scheduler run is refused (exit 2), as is a doctored step count."""
+    import json
+
+    from harness.cli import main
+
+    out = tmp_path / "reports"
+    args = ["fuzz", "--target", "mutant:computed_kept_on_preempt", "--family", "full", "--seconds", "30"]
+    assert main([*args, "--out", str(out), "--reduce-seconds", "2"]) == 1
+    (dest,) = out.iterdir()
+    capsys.readouterr()
+    assert main(["replay", str(dest), "--target", "mutant:computed_kept_on_preempt"]) == 1
+    assert "FAIL" in (text := capsys.readouterr().out) and "the recorded finding after" in text, text
+    assert main(["replay", str(dest), "--target", "vllm-scheduler"]) == 0
+    assert "no finding" in capsys.readouterr().out
+    trace = json.loads((dest / "trace.json").read_text())
+    doctored = tmp_path / "doctored.json"
+    doctored.write_text(json.dumps({**trace, "extra": {**trace["extra"], "engine_steps": -1}}))
+    assert main(["replay", str(doctored), "--target", "vllm-scheduler"]) == 2
+    assert "engine_steps" in capsys.readouterr().err
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in trace.items() if k != "extra"}))
+    assert main(["replay", str(plain), "--target", "vllm-scheduler"]) == 2
+    assert "not recorded by --target vllm-scheduler" in capsys.readouterr().err
