@@ -14,12 +14,17 @@ Modelled (0.33 ``schedule()`` / ``update_from_output``):
 - waiting loop: ``kv_holding_waiting`` first; remote-KV requests still loading are skipped; a
   request with ``num_computed_tokens == 0`` looks up the prefix cache, asks the connector (P/D),
   then ``allocate_slots``; None stops admission (``break``); an async load allocates with
-  ``delay_cache_blocks=True`` and parks the request in WAITING_FOR_REMOTE_KVS;
+  ``delay_cache_blocks=True``, the blocks in-flight prefills still need set aside
+  (``reserved_blocks``), and parks the request in WAITING_FOR_REMOTE_KVS;
 - spec decode: drafts scheduled, rejection rolls ``num_computed_tokens`` back, accepted + bonus
-  tokens appended, verified blocks cached early; resumed decodes padded to ``1 + k``;
+  tokens appended, verified blocks cached early; a one-token admission padded to ``1 + k`` when the
+  running loop scheduled no prefill chunk (``is_prefill_chunk`` as each request's last step left it);
 - P/D arrival: ``cache_blocks(num_computed_tokens)`` then the ``num_tokens - 1`` cap; failed loads
   cache the valid prefix or free everything; abort while loading delays the free until arrival;
-- finishing: ``remove_skipped_blocks`` (with a connector) then ``free``;
+  invalid blocks of a synchronous load truncate every running request holding them (``fail``:
+  evicted, the requests failed after the output); ``harness.scheduler_kv``;
+- finishing: ``remove_skipped_blocks`` (with a connector, blocks or not) then ``free``; a stop
+  drops the sampled tokens after it and gives back their computed count;
 - encoder-decoder: the admission that schedules a request's encoder inputs (``num_computed_tokens
   == 0``) passes their length as ``num_encoder_tokens``; no prefix cache, connector or drafts;
 - async scheduling (``EngineCore.step_with_batch_queue``, two batches in flight): a step's tokens
@@ -364,7 +369,6 @@ class Scheduler(KVTransfers):
             )
             if out is None:
                 padded.discard(r.request_id)
-                # (a refused admission can still hold blocks only if it held them before)
                 self.counts["admission_refused"] += 1
                 break
             if load_async:
