@@ -14,21 +14,13 @@ from harness.scheduler import Scheduler
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
 from harness.vllm_sched.agreement import compare_run, compare_step, main  # noqa: E402
+from harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
 from harness.vllm_sched.fuzz import run_seed  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 # Every family; connector runs differ now and then in the named ways (docs/vllm-scheduler.md), not in these.
-AGREEING = (
-    "full",
-    "sliding_window",
-    "chunked_local",
-    "hybrid_equal",
-    "hybrid_diff",
-    "no_cache",
-    "spec_decode",
-    "connector",
-)
+AGREEING = SCHED_FAMILIES
 
 
 @pytest.mark.parametrize("family", AGREEING)
