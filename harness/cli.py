@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--relation", default="exact", help="equality relation: exact, outcomes, invariants")
     f.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, nightly")
-    f.add_argument("--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)")
+    f.add_argument(
+        "--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)"
+    )
     f.add_argument("--batch", type=int, default=10, help="examples per family before rotating (>= 1)")
     f.add_argument(
         "--shrink-seconds",

@@ -227,10 +227,13 @@ class Driver:
             sampled_token_ids=sampled,
             kv_connector_output=kv_out,
         )
-        taking = {rid: sched.requests[rid] for rid in world.sampled}
-        before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
-        sched.update_from_output(out, mro)
-        world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
+        if self.world is None:
+            sched.update_from_output(out, mro)
+        else:  # recording: how many sampled tokens each request kept (a stop drops the rest)
+            taking = {rid: sched.requests[rid] for rid in world.sampled}
+            before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
+            sched.update_from_output(out, mro)
+            world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
         if self.knobs.num_spec_tokens:
             ids, drafts = [], []
             # The drafter proposes for the requests this step sampled (the model runner's batch).

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.finding import Finding
 from harness.known_bugs import get_known_bug
@@ -33,6 +33,9 @@ from harness.trace import Trace
 from harness.vllm_sched.build import SchedKnobs
 from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult, draw_config, draw_knobs, run_one
 from harness.workload import SeededChoices
+
+if TYPE_CHECKING:
+    from harness.replay import ReplayResult
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 TARGET_NAME = "vllm-scheduler"
@@ -135,7 +138,7 @@ def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int]:
     return trace.family, trace.seed, steps
 
 
-def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) -> Any:
+def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) -> ReplayResult:
     """``kvspec replay --target vllm-scheduler``: re-drive vLLM's real scheduler from the run's
     recorded inputs (its family and run seed: the driver draws every input from them) for the
     recorded engine steps, the spec in lockstep as in the fuzz; with ``mutant``, under that
