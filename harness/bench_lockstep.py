@@ -9,7 +9,9 @@
    spec alone, lockstep without checks (spec and target compared, no invariants, no ledger), and
    full lockstep (invariants and ledger, whole observations compared after every operation), and
    glimpse (full lockstep with the default cadence of ``harness.glimpse``: for pools above 256
-   blocks, glimpses after most operations, a full check every ``num_blocks // 64`` and at the end).
+   blocks, glimpses after most operations, a full check every ``num_blocks // 64`` and at the end),
+   and steps (glimpse without the end-of-run full check: what each step costs, the end-of-run
+   check being one O(pool) cost per run, spread over this run's operations in the glimpse column).
    The table gives µs per operation and the ratio to the bare target.
 2. Pool size: one seeded decode-heavy workload (block size 16, full attention) at 16, 1,024 and
    65,536 blocks, replayed the same four ways: the cost per operation should not grow with the pool.
@@ -35,7 +37,7 @@ from spec.types import BlockCount, TokenCount
 
 Run = tuple[KVCacheConfig, list[O.Op]]
 POOL_SIZES = (16, 1024, 65536)
-MODES = ("bare", "spec", "lockstep", "full", "glimpse")
+MODES = ("bare", "spec", "lockstep", "full", "glimpse", "steps")
 
 
 class Recorder:
@@ -77,7 +79,7 @@ def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 
                 t.apply(op)
         else:
             full = mode != "lockstep"
-            every = None if mode == "glimpse" else 1
+            every = None if mode in ("glimpse", "steps") else 1
             ls = Lockstep(
                 config, factory(), "exact", None, check_spec_invariants=full, ledger=full, full_check_every=every
             )
@@ -85,7 +87,8 @@ def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 
             t0 = time.perf_counter()
             for op in ops:
                 ls.apply(op)
-            ls.finish()
+            if mode != "steps":
+                ls.finish()
         best = min(best, time.perf_counter() - t0)
     return best / max(1, len(ops))
 

@@ -7,6 +7,7 @@ hashes are ``bytes`` (``BlockHashWithGroupId`` form for map keys), requests are 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,22 +16,25 @@ from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 @dataclass(frozen=True, slots=True)
 class Observation:
+    """The per-block fields read like tuples: the spec of a large pool hands over its persistent
+    containers (``spec.persistent``, O(1) to observe), other targets tuples."""
+
     # per group: request id -> block ids of its table (0 = null placeholder)
     tables: tuple[dict[str, tuple[int, ...]], ...]
     # per group: request id -> num_cached_block (absent = never cached)
     num_cached_block: tuple[dict[str, int], ...]
     # per block id: ref count (index 0, the null block, is reported as 0: its count is not maintained)
-    ref_cnt: tuple[int, ...]
+    ref_cnt: Sequence[int]
     # block ids in the free queue, front (evicted first) to tail
-    free_queue: tuple[int, ...]
+    free_queue: Sequence[int]
     # per block id: its primary map key (hash ++ group id), or None
-    block_key: tuple[bytes | None, ...]
+    block_key: Sequence[bytes | None]
     # map key -> block ids stored under it, in insertion order (first = returned by lookups)
-    cached: dict[bytes, tuple[int, ...]]
+    cached: Mapping[bytes, tuple[int, ...]]
     # request id -> its block hashes (BlockHash bytes, no group id)
     request_block_hashes: dict[str, tuple[bytes, ...]]
     # per block id: how many prefix tokens its primary key covers (vLLM block_hash_num_tokens), or None
-    block_key_tokens: tuple[int | None, ...] = ()
+    block_key_tokens: Sequence[int | None] = ()
     # block id -> further keys stored for it (vLLM cached_block_hashes_by_block: partial tail entries);
     # a set, since vLLM keeps a set
     secondary_keys: dict[int, frozenset[bytes]] = field(default_factory=dict)

@@ -22,7 +22,7 @@ every step, no sampling: the pools are small, and an unchecked entry is a crash 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, NoReturn, cast
 
@@ -276,6 +276,7 @@ def check_observation(obs: Any, num_groups: int, num_blocks: int) -> None:
     """``observe()``: an ``Observation`` whose fields have the documented types and sizes."""
     if not isinstance(obs, Observation):
         _bad("observe()", "an Observation", obs)
+    obs = _plain(obs)
     n = num_blocks
     for name in ("tables", "num_cached_block"):
         _container(getattr(obs, name), tuple, name, "a tuple of dicts, one per group", num_groups)
@@ -295,6 +296,22 @@ def check_observation(obs: Any, num_groups: int, num_blocks: int) -> None:
     _mapping(obs.cached, "cached", BYTES, tuple, INT, n)
     _mapping(obs.request_block_hashes, "request_block_hashes", STR, tuple, BYTES)
     _mapping(obs.secondary_keys, "secondary_keys", INT, frozenset, BYTES, key_hi=n)
+
+
+def _plain(obs: Observation) -> Observation:
+    """The spec's own persistent containers (``spec.persistent``, large pools) read as the tuples
+    and dicts they stand for; any other value is checked as it is."""
+    from spec.persistent import LinkedQueue, PMap, PVec
+
+    seq = (PVec, LinkedQueue)
+    fields: dict[str, Any] = {
+        name: tuple(value)
+        for name in ("ref_cnt", "free_queue", "block_key", "block_key_tokens")
+        if isinstance(value := getattr(obs, name), seq)
+    }
+    if isinstance(obs.cached, PMap):
+        fields["cached"] = obs.cached.to_dict()
+    return replace(obs, **fields) if fields else obs
 
 
 _EXACT = {t: frozenset({t}) for t in (int, bytes, str, tuple, frozenset)}

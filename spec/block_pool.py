@@ -10,13 +10,15 @@ last hash boundary when it falls inside a block (``cache_partial_block``).  Such
 block's primary key if it had none, else a secondary key; it is dropped when the block is promoted
 to its full key, evicted or reset.
 
-Representation (measured: tuples rebuilt per operation cost less than the invariant checks that
-follow every step, for pools of the sizes the harness uses):
+Representation (``spec.persistent``): up to ``SMALL_POOL`` blocks, tuples and dicts rebuilt per
+operation (cheapest at that size); above, persistent containers that share what an operation
+leaves alone, so a step costs the same at 1,024 and 65,536 blocks.  Both read alike:
 - ``ref_cnt[b]``, ``block_key[b]``, ``block_key_tokens[b]``: per block id, the ref count, the
   primary key and how many prefix tokens it covers; the null block (id 0) keeps ``ref_cnt == 0``
   and no key, since vLLM 0.33 skips it in ``touch`` and ``free_blocks``.
 - ``secondary_keys[b]``: further keys stored for block b (vLLM ``cached_block_hashes_by_block``).
-- ``free_queue``: block ids from the front (handed out and evicted first) to the tail.
+- ``free_queue``: block ids from the front (handed out and evicted first) to the tail; for large
+  pools a ``LinkedQueue``, linked through the blocks as vLLM's ``FreeKVCacheBlockQueue`` is.
 - ``cached``: map key -> block ids stored under it, oldest first; vLLM's ``get_one_block`` returns
   the oldest, and there is no dedup (two blocks may hold the same key).
 - ``events``: queued ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` (only when enabled).
@@ -26,9 +28,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from spec.config import Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.persistent import (
+    SMALL_POOL,
+    LinkedQueue,
+    MapOverlay,
+    PMap,
+    PVec,
+    VecOverlay,
+    queue_popleft,
+    queue_push,
+    queue_remove,
+    vec_set,
+)
 from spec.types import (
     NULL_BLOCK_ID,
     BlockCount,
@@ -49,33 +64,75 @@ class BlockPool:
     enable_caching: bool
     profile: Profile
     enable_kv_cache_events: bool
-    ref_cnt: tuple[int, ...]
-    block_key: tuple[BlockKey | None, ...]
-    block_key_tokens: tuple[int | None, ...]
+    ref_cnt: Sequence[int]
+    block_key: Sequence[BlockKey | None]
+    block_key_tokens: Sequence[int | None]
     secondary_keys: Mapping[BlockId, tuple[BlockKey, ...]]
-    free_queue: tuple[BlockId, ...]
+    free_queue: Sequence[BlockId]
     cached: Mapping[BlockKey, tuple[BlockId, ...]]
     events: tuple[Event, ...]
 
 
 def init_block_pool(
-    num_blocks: int, enable_caching: bool, profile: Profile = Profile.V0_33, enable_kv_cache_events: bool = False
+    num_blocks: int,
+    enable_caching: bool,
+    profile: Profile = Profile.V0_33,
+    enable_kv_cache_events: bool = False,
+    persistent: bool | None = None,
 ) -> BlockPool:
     """vLLM 0.33 ``BlockPool.__init__``: blocks ``0..N-1`` queued in ascending order, then the head
-    (block 0) is popped to serve as the null block, so ``N - 1`` blocks are free."""
+    (block 0) is popped to serve as the null block, so ``N - 1`` blocks are free.
+
+    ``persistent`` chooses the representation (``spec.persistent``); None: persistent containers
+    above ``SMALL_POOL`` blocks.  Both behave alike, block for block."""
     assert num_blocks >= 1, "the pool needs at least the null block"
+    if persistent is None:
+        persistent = num_blocks > SMALL_POOL
+    free = range(1, num_blocks)
+    queue: Any = LinkedQueue.of(free, num_blocks) if persistent else tuple(BlockId(b) for b in free)
+    keys, key_tokens, secondary, cached = _no_hashes(num_blocks, persistent)
     return BlockPool(
         num_blocks=BlockCount(num_blocks),
         enable_caching=enable_caching,
         profile=profile,
         enable_kv_cache_events=enable_kv_cache_events,
-        ref_cnt=(0,) * num_blocks,
-        block_key=(None,) * num_blocks,
-        block_key_tokens=(None,) * num_blocks,
-        secondary_keys={},
-        free_queue=tuple(BlockId(b) for b in range(1, num_blocks)),
-        cached={},
+        ref_cnt=PVec.filled(0, num_blocks) if persistent else (0,) * num_blocks,
+        block_key=keys,
+        block_key_tokens=key_tokens,
+        secondary_keys=secondary,
+        free_queue=queue,
+        cached=cached,
         events=(),
+    )
+
+
+def _no_hashes(num_blocks: int, persistent: bool) -> tuple[Any, Any, Any, Any]:
+    """Empty hash fields (keys, key token counts, secondary keys, map) of either representation."""
+    if persistent:
+        nothing = PVec.filled(None, num_blocks)
+        return nothing, nothing, PMap.empty(num_blocks), PMap.empty(num_blocks)
+    return (None,) * num_blocks, (None,) * num_blocks, {}, {}
+
+
+def is_persistent(pool: BlockPool) -> bool:
+    """Whether the pool uses the persistent containers (``spec.persistent``)."""
+    return isinstance(pool.ref_cnt, PVec)
+
+
+def thaw(pool: BlockPool) -> BlockPool:
+    """The same pool in tuples and dicts: for predicates that read every block (full checks), where
+    one conversion in C beats a container access per block."""
+    if not is_persistent(pool):
+        return pool
+    cached, secondary = pool.cached, pool.secondary_keys
+    return replace(
+        pool,
+        ref_cnt=tuple(pool.ref_cnt),
+        block_key=tuple(pool.block_key),
+        block_key_tokens=tuple(pool.block_key_tokens),
+        secondary_keys=secondary.to_dict() if isinstance(secondary, PMap) else dict(secondary),
+        free_queue=tuple(pool.free_queue),
+        cached=cached.to_dict() if isinstance(cached, PMap) else dict(cached),
     )
 
 
@@ -118,34 +175,19 @@ def touch(pool: BlockPool, blocks: Iterable[BlockId]) -> BlockPool:
     """vLLM 0.33 ``BlockPool.touch``: a prefix hit takes a reference; a block at ``ref_cnt == 0``
     leaves the free queue (from wherever it sits: lazy eviction keeps freed cached blocks hittable).
     The null block is skipped."""
-    ref = list(pool.ref_cnt)
+    ref: dict[int, int] = {}
     leaving: set[BlockId] = set()
     for b in blocks:
         if b == NULL_BLOCK_ID:
             continue
-        if ref[b] == 0:
+        count = ref[b] if b in ref else pool.ref_cnt[b]
+        if count == 0:
             assert b not in leaving, f"block {b} touched twice while free"
             leaving.add(b)
-        ref[b] += 1
-    queue = _without(pool.free_queue, leaving)
+        ref[b] = count + 1
+    queue = queue_remove(pool.free_queue, leaving)  # type: ignore[arg-type]
     assert len(queue) == len(pool.free_queue) - len(leaving), "a block with ref_cnt 0 was not in the free queue"
-    return replace(pool, ref_cnt=tuple(ref), free_queue=queue)
-
-
-def _without(queue: tuple[BlockId, ...], leaving: set[BlockId]) -> tuple[BlockId, ...]:
-    """``queue`` without the blocks of ``leaving``, order kept: a few blocks are found by
-    ``tuple.index`` and cut out (the scans run in C), many by one filtering pass."""
-    if not leaving:
-        return queue
-    if len(leaving) > 16:
-        return tuple(b for b in queue if b not in leaving)
-    out: list[BlockId] = []
-    start = 0
-    for i in sorted(queue.index(b) for b in leaving if b in queue):
-        out.extend(queue[start:i])
-        start = i + 1
-    out.extend(queue[start:])
-    return tuple(out)
+    return replace(pool, ref_cnt=vec_set(pool.ref_cnt, ref), free_queue=queue)
 
 
 def get_new_blocks(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[BlockId, ...]]:
@@ -158,17 +200,16 @@ def get_new_blocks(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[B
     assert num_blocks >= 0, f"negative block count {num_blocks}"
     if num_blocks > len(pool.free_queue):
         raise ValueError(f"Cannot get {num_blocks} free blocks from the pool ({len(pool.free_queue)} free)")
-    taken = pool.free_queue[:num_blocks]
+    queue, popped = queue_popleft(pool.free_queue, num_blocks)
+    taken = cast(tuple[BlockId, ...], popped)
     if pool.enable_caching and any(pool.block_key[b] is not None for b in taken):
         edit = _HashEdit(pool)
         for b in taken:
             edit.maybe_evict_cached_block(b)
         pool = edit.freeze()
-    ref = list(pool.ref_cnt)
     for b in taken:
-        assert ref[b] == 0, f"block {b} in the free queue has ref_cnt {ref[b]}"
-        ref[b] = 1
-    return replace(pool, ref_cnt=tuple(ref), free_queue=pool.free_queue[num_blocks:]), taken
+        assert pool.ref_cnt[b] == 0, f"block {b} in the free queue has ref_cnt {pool.ref_cnt[b]}"
+    return replace(pool, ref_cnt=vec_set(pool.ref_cnt, dict.fromkeys(taken, 1)), free_queue=queue), taken
 
 
 def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool:
@@ -178,21 +219,23 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
     ones (or all, with caching off) are prepended in the given order (LIFO reuse), hashed ones are
     appended (LRU eviction); in the 0.20 profile all of them are appended.  Hashes are kept.
     """
-    ref = list(pool.ref_cnt)
+    ref: dict[int, int] = {}
     to_front: list[BlockId] = []
     to_tail: list[BlockId] = []
     for b in ordered_blocks:
         if b == NULL_BLOCK_ID:
             continue
-        assert ref[b] > 0, f"block {b} freed with ref_cnt {ref[b]}"
-        ref[b] -= 1
-        if ref[b] == 0:
+        count = ref[b] if b in ref else pool.ref_cnt[b]
+        assert count > 0, f"block {b} freed with ref_cnt {count}"
+        ref[b] = count - 1
+        if count == 1:
             unhashed = pool.block_key[b] is None or not pool.enable_caching
             if unhashed and pool.profile is Profile.V0_33:
                 to_front.append(b)
             else:
                 to_tail.append(b)
-    return replace(pool, ref_cnt=tuple(ref), free_queue=tuple(to_front) + pool.free_queue + tuple(to_tail))
+    queue = queue_push(pool.free_queue, to_front, to_tail)
+    return replace(pool, ref_cnt=vec_set(pool.ref_cnt, ref), free_queue=queue)
 
 
 class _HashEdit:
@@ -205,19 +248,19 @@ class _HashEdit:
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
-        self.keys = list(pool.block_key)
-        self.key_tokens = list(pool.block_key_tokens)
-        self.secondary = dict(pool.secondary_keys)
-        self.cached = dict(pool.cached)
+        self.keys: VecOverlay[BlockKey | None] = VecOverlay(pool.block_key)
+        self.key_tokens: VecOverlay[int | None] = VecOverlay(pool.block_key_tokens)
+        self.secondary: MapOverlay[BlockId, tuple[BlockKey, ...]] = MapOverlay(pool.secondary_keys)
+        self.cached: MapOverlay[BlockKey, tuple[BlockId, ...]] = MapOverlay(pool.cached)
         self.events = list(pool.events)
 
     def freeze(self) -> BlockPool:
         return replace(
             self.pool,
-            block_key=tuple(self.keys),
-            block_key_tokens=tuple(self.key_tokens),
-            secondary_keys=self.secondary,
-            cached=self.cached,
+            block_key=self.keys.freeze(),
+            block_key_tokens=self.key_tokens.freeze(),
+            secondary_keys=self.secondary.freeze(),
+            cached=self.cached.freeze(),
             events=tuple(self.events),
         )
 
@@ -250,7 +293,7 @@ class _HashEdit:
                 if rest:
                     self.cached[key] = rest
                 else:
-                    del self.cached[key]
+                    self.cached.pop(key)
                 removed.append(key)
         self.keys[b] = None
         self.key_tokens[b] = None
@@ -376,8 +419,10 @@ def reset_prefix_cache(pool: BlockPool) -> tuple[BlockPool, bool]:
     if pool.num_blocks - len(pool.free_queue) != 1:  # the null block always counts as used
         return pool, False
     events = pool.events + ((AllBlocksCleared(),) if pool.enable_kv_cache_events else ())
-    none = (None,) * pool.num_blocks
-    return replace(pool, block_key=none, block_key_tokens=none, secondary_keys={}, cached={}, events=events), True
+    keys, key_tokens, secondary, cached = _no_hashes(pool.num_blocks, is_persistent(pool))
+    return replace(
+        pool, block_key=keys, block_key_tokens=key_tokens, secondary_keys=secondary, cached=cached, events=events
+    ), True
 
 
 def take_events(pool: BlockPool) -> tuple[BlockPool, tuple[Event, ...]]:

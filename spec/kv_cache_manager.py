@@ -56,10 +56,11 @@ class ComputedBlocks:
         return not any(self.blocks)
 
 
-def init_kv_cache_manager(config: KVCacheConfig) -> KVCacheManagerState:
+def init_kv_cache_manager(config: KVCacheConfig, persistent: bool | None = None) -> KVCacheManagerState:
     """vLLM 0.33 ``KVCacheManager.__init__``: a fresh pool (block 0 null) and empty tables.
-    Raises ``ConfigError`` for a config that cannot exist."""
-    return init_state(config)
+    Raises ``ConfigError`` for a config that cannot exist.  ``persistent``: the pool's
+    representation (``spec.block_pool.init_block_pool``; None chooses by size)."""
+    return init_state(config, persistent)
 
 
 def usage(state: KVCacheManagerState) -> float:

@@ -31,9 +31,12 @@ class KVCacheManagerState:
     groups: tuple[GroupState, ...]
 
 
-def init_state(config: KVCacheConfig) -> KVCacheManagerState:
+def init_state(config: KVCacheConfig, persistent: bool | None = None) -> KVCacheManagerState:
+    """A fresh state; ``persistent`` chooses the pool's representation (``init_block_pool``)."""
     config.validate()
-    pool = init_block_pool(config.num_blocks, config.enable_caching, config.profile, config.enable_kv_cache_events)
+    pool = init_block_pool(
+        config.num_blocks, config.enable_caching, config.profile, config.enable_kv_cache_events, persistent
+    )
     return KVCacheManagerState(config, pool, tuple(GroupState({}, {}) for _ in config.groups))
 
 

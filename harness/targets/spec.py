@@ -24,6 +24,7 @@ from spec import request as rq
 from spec.config import KVCacheConfig
 from spec.events import Event
 from spec.hashing import MMFeature
+from spec.persistent import PMap, queue_ends
 from spec.types import TokenCount
 
 
@@ -32,8 +33,9 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
     name = "spec"
 
-    def __init__(self) -> None:
+    def __init__(self, persistent: bool | None = None) -> None:
         super().__init__()
+        self.persistent = persistent  # the pool's representation (spec.persistent); None: by size
         self.state: Any = None
         # The last manager call in spec terms, for ``spec.invariants.check_step``:
         # (state before, operation name, keyword arguments, native outcome, request or None).
@@ -51,7 +53,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         return self.book.native
 
     def build(self, config: KVCacheConfig) -> None:
-        self.state = kvm.init_kv_cache_manager(config)
+        self.state = kvm.init_kv_cache_manager(config, self.persistent)
 
     def apply(self, op: O.Op) -> Any:
         self.last_call = None
@@ -157,7 +159,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             facts=facts,
             cached=lambda k: tuple(pool.cached.get(k, ())),
             num_free=len(fq),
-            free_ends=lambda k: (fq[:k], fq[-k:] if fq else ()),
+            free_ends=lambda k: queue_ends(fq, k),
             num_cached_keys=len(pool.cached),
             hashes=hashes,
         )
@@ -187,13 +189,14 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         return Observation(
             tables=tuple({str(r): tuple(int(b) for b in t) for r, t in g.req_to_blocks.items()} for g in s.groups),
             num_cached_block=tuple({str(r): int(n) for r, n in g.num_cached_block.items()} for g in s.groups),
-            # The pool's per-block tuples hold plain ints and bytes already (``NewType`` is free at run
-            # time): shared, not copied element by element (``python -m harness.bench lockstep``).
+            # The pool's per-block fields hold plain ints and bytes already (``NewType`` is free at
+            # run time): shared, not copied (small pools' tuples, large pools' persistent containers).
             ref_cnt=pool.ref_cnt if not pool.ref_cnt or pool.ref_cnt[0] == 0 else (0, *pool.ref_cnt[1:]),
             free_queue=pool.free_queue,
             block_key=pool.block_key,
-            cached=dict(pool.cached),  # keys are bytes, values tuples of ints: copied in C
+            cached=pool.cached if isinstance(pool.cached, PMap) else dict(pool.cached),
             request_block_hashes={rid: r.block_hashes for rid, r in self.requests.items()},
             block_key_tokens=pool.block_key_tokens,
             secondary_keys={int(b): frozenset(keys) for b, keys in pool.secondary_keys.items() if keys},
         )
+

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from spec.block_pool import thaw
 from spec.events import Event
 from spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
 from spec.invariants.registry import (
@@ -34,7 +35,7 @@ from spec.invariants.registry import (
 )
 from spec.invariants.table import render_invariant_table
 from spec.request import Request
-from spec.state import KVCacheManagerState
+from spec.state import KVCacheManagerState, with_pool
 from spec.types import RequestId
 
 __all__ = [
@@ -59,7 +60,9 @@ def check_invariants(
     event_log: Sequence[Event] | None = None,
     names: Sequence[str] | None = None,
 ) -> list[Violation]:
-    """Run every state invariant (or the named ones); return each violation with its name."""
+    """Run every state invariant (or the named ones); return each violation with its name.  A
+    persistent pool is read out into tuples once first (``spec.block_pool.thaw``)."""
+    state = with_pool(state, thaw(state.pool))
     ctx = StateContext(state, requests, evict_called, event_log)
     return run_invariants(ctx, "state", names)
 

@@ -10,6 +10,7 @@ from collections import Counter
 
 from spec.config import Profile
 from spec.invariants.registry import StepContext, invariant
+from spec.persistent import queue_push, vec_changed, vec_set
 from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 
 # --- operation postconditions ----------------------------------------------------------------------
@@ -69,10 +70,11 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     if s.op != "allocate_slots" or s.outcome is not None:
         return None
     b, a = s.before, s.after
-    # Whole-tuple comparisons first (in C): the per-block walk only runs when something changed.
-    refs_same = a.pool.ref_cnt is b.pool.ref_cnt or a.pool.ref_cnt == b.pool.ref_cnt
-    keys_same = a.pool.block_key is b.pool.block_key or a.pool.block_key == b.pool.block_key
-    for blk in () if refs_same and keys_same else range(1, b.pool.num_blocks):
+    # Only the blocks whose count or key changed are read (``vec_changed``: whole vectors compared
+    # first, then the chunks they do not share).
+    for blk in sorted({*vec_changed(b.pool.ref_cnt, a.pool.ref_cnt), *vec_changed(b.pool.block_key, a.pool.block_key)}):
+        if blk == NULL_BLOCK_ID:
+            continue
         if a.pool.ref_cnt[blk] > b.pool.ref_cnt[blk]:
             return f"block {blk} gained a reference in a failed allocation"
         if a.pool.block_key[blk] is not None and b.pool.block_key[blk] is None:
@@ -175,17 +177,17 @@ def free_releases_everything(s: StepContext) -> str | None:
     held: Counter[BlockId] = Counter()
     for g in s.before.groups:
         held.update(blk for blk in g.req_to_blocks.get(rid, ()) if blk != NULL_BLOCK_ID)
-    # The expected counts built and compared whole (in C); the per-block walk names a difference.
-    expected = list(s.before.pool.ref_cnt)
-    for blk, n in held.items():
-        expected[blk] -= n
+    # The expected counts built by writing only the request's blocks, then compared whole.
+    before = s.before.pool
+    expected = vec_set(before.ref_cnt, {blk: before.ref_cnt[blk] - n for blk, n in held.items()})
     after = s.after.pool
-    if tuple(expected[1:]) != after.ref_cnt[1:]:
-        x = next(x for x in range(1, len(expected)) if after.ref_cnt[x] != expected[x])
+    wrong = [x for x in vec_changed(expected, after.ref_cnt) if x != NULL_BLOCK_ID]
+    if wrong:
+        x = wrong[0]
         return f"block {x}: ref_cnt {after.ref_cnt[x]} after free, expected {expected[x]}"
-    if after.block_key is not s.before.pool.block_key and after.block_key[1:] != s.before.pool.block_key[1:]:
-        x = next(x for x in range(1, len(expected)) if after.block_key[x] != s.before.pool.block_key[x])
-        return f"block {x}: free changed its hash"
+    rehashed = [x for x in vec_changed(before.block_key, after.block_key) if x != NULL_BLOCK_ID]
+    if rehashed:
+        return f"block {rehashed[0]}: free changed its hash"
     for gid, g in enumerate(s.after.groups):
         if rid in g.req_to_blocks or rid in g.num_cached_block:
             return f"group {gid} still tracks freed request {rid!r}"
@@ -216,7 +218,10 @@ def free_order(s: StepContext) -> str | None:
                 else:
                     group_front.append(blk)
         front = group_front + front
-    expected = tuple(front) + s.before.pool.free_queue + tuple(tail)
+    try:
+        expected = queue_push(s.before.pool.free_queue, front, tail)
+    except AssertionError:  # a block already queued: a linked queue cannot hold it twice, a tuple can
+        expected = (*front, *s.before.pool.free_queue, *tail)
     if s.after.pool.free_queue != expected:
         return f"free queue after free is {list(s.after.pool.free_queue)}, expected {list(expected)}"
     return None
@@ -231,7 +236,9 @@ def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     b, a = s.before, s.after
     if a.pool.ref_cnt != b.pool.ref_cnt or a.pool.free_queue != b.pool.free_queue:
         return "cache_blocks changed ref counts or the free queue"
-    for blk in range(1, b.pool.num_blocks):
+    for blk in vec_changed(b.pool.block_key, a.pool.block_key):
+        if blk == NULL_BLOCK_ID:
+            continue
         old, new = b.pool.block_key[blk], a.pool.block_key[blk]
         if old is not None and new != old:
             # Only a partial entry may give way, to the longer (full) key of the same block.

@@ -19,6 +19,7 @@ from harness.mutants import MUTANT_FAMILIES, MUTANTS, make_mutant
 from harness.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
+from spec import block_pool
 from spec.config import KVCacheConfig
 
 
@@ -141,9 +142,11 @@ def test_the_end_of_run_check_catches_a_late_change(runs):
 @pytest.mark.mutant
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
-    """The same runs as tests/mutants, with glimpses between full checks every 4 operations:
-    every deliberate bug is still reported (no check weakened)."""
+    """The same runs as tests/mutants, with glimpses between full checks every 4 operations and the
+    persistent pool containers of large pools (``spec.persistent``) in these small ones: every
+    deliberate bug is still reported (no check weakened)."""
     monkeypatch.setenv(ENV, "4")
+    monkeypatch.setattr(block_pool, "SMALL_POOL", 0)
     stats = RunStats()
     cls = make_machine(MUTANT_FAMILIES[name], lambda: make_mutant(name), f"mutant:{name}", "exact", stats)
     with pytest.raises(AssertionError):  # FindingError is an AssertionError
