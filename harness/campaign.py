@@ -282,8 +282,9 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
 
 def run_scheduler_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     """A deliberate bug in vLLM's real scheduler (``harness.vllm_sched.mutants``): seeded runs of the
-    real scheduler with the spec in lockstep behind its manager until the first finding; its
-    operations are reduced on the real manager and written.  No Hypothesis: the "shrunk" column
+    real scheduler with the spec in lockstep behind its manager until the first finding; the run is
+    reduced by re-driving the mutated scheduler with simpler inputs, then its operations on the real
+    manager, and written.  No Hypothesis: the "shrunk" column
     holds the recorded run's length."""
     import json
 
@@ -291,11 +292,11 @@ def run_scheduler_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     from harness.vllm_sched.mutants import patched
 
     start = time.monotonic()
-    with patched(entry.name):
+    with patched(entry.name):  # the report is reduced by re-driving the same (mutated) scheduler
         res, family, seed, runs, first = first_finding(entry.families, opts.seconds, opts.seed)
-    if res is None or res.finding is None:
-        return Row(entry, killed=False, note=f"survived {runs} scheduler runs")
-    report = write_finding(str(opts.out), res, family, seed, opts.reduce_seconds)
+        if res is None or res.finding is None:
+            return Row(entry, killed=False, note=f"survived {runs} scheduler runs")
+        report = write_finding(str(opts.out), res, family, seed, opts.reduce_seconds)
     trace = json.loads((report / "trace.json").read_text())
     return Row(
         entry,

@@ -121,6 +121,7 @@ class RunResult:
     relation: str = "exact"
     known_hits: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
     known_first: dict[str, tuple[Finding, list[tuple[Any, Any]]]] = field(default_factory=dict)
+    draws: Counter[str] = field(default_factory=Counter)  # integer draws per label (harness.vllm_sched.reduce)
 
 
 class Driver:

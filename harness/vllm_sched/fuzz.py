@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +31,7 @@ from harness.signals import signal_name
 from harness.targets.base import Unsupported
 from harness.trace import Trace
 from harness.vllm_sched.build import SchedKnobs
-from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult, draw_config, draw_knobs, run_one
-from harness.workload import SeededChoices
+from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult
 
 if TYPE_CHECKING:
     from harness.replay import ReplayResult
@@ -57,20 +56,26 @@ def run_seed(seed: int, i: int) -> int:
     return random.Random(f"{seed}/{i}").getrandbits(63)
 
 
-def one_run(family: str, seed: int, **kwargs: Any) -> RunResult:
-    """Run ``family`` from ``seed`` (config, knobs and workload all drawn from it)."""
-    ch = SeededChoices(random.Random(seed))
-    config = draw_config(ch, family)
-    knobs = draw_knobs(ch, config, family)
-    return run_one(config, knobs, ch, **kwargs)
+def one_run(family: str, seed: int, overrides: Mapping[tuple[str, int], int] | None = None, **kwargs: Any) -> RunResult:
+    """Run ``family`` from ``seed`` (config, knobs and workload all drawn from it), with the draws
+    a reduction replaced (``harness.vllm_sched.reduce``), if any."""
+    from harness.vllm_sched.reduce import run_overridden
+
+    return run_overridden(family, seed, overrides or {}, **kwargs)
 
 
 def finding_trace(
-    res: RunResult, family: str, seed: int, finding: Finding | None = None, steps: list[Any] | None = None
+    res: RunResult,
+    family: str,
+    seed: int,
+    finding: Finding | None = None,
+    steps: list[Any] | None = None,
+    overrides: Mapping[tuple[str, int], int] | None = None,
 ) -> Trace:
     """The report trace of a run that ended in a finding (or of ``finding`` at ``steps``: a known bug's
-    first meeting, harness.known_bugs)."""
+    first meeting, harness.known_bugs); ``overrides``: the draws a reduction replaced."""
     from harness.targets.vllm import vllm_version
+    from harness.vllm_sched.reduce import overrides_to_json
 
     if finding is None:
         assert res.finding is not None
@@ -84,23 +89,44 @@ def finding_trace(
         family=family,
         relation=res.relation,
         finding=finding.to_json(),
-        extra={"driver": TARGET_NAME, "knobs": knobs_json(res.knobs), "engine_steps": res.engine_steps},
+        extra={
+            "driver": TARGET_NAME,
+            "knobs": knobs_json(res.knobs),
+            "engine_steps": res.engine_steps,
+            **({"choice_overrides": overrides_to_json(overrides)} if overrides else {}),
+        },
     )
 
 
-def write_finding(out: str, res: RunResult, family: str, seed: int, reduce_seconds: float) -> Path:
-    """The report of a run that ended in a finding: its operations reduced for up to
-    ``reduce_seconds`` by replaying them on the real manager (``harness.reduce``; the scheduler's
-    calls are the operations, so no scheduler is needed), then written (``harness.report``)."""
+def write_finding(
+    out: str, res: RunResult, family: str, seed: int, reduce_seconds: float, stop: Callable[[], bool] | None = None
+) -> Path:
+    """The report of a run that ended in a finding, reduced for up to ``reduce_seconds``: first the
+    run itself, re-driving the real scheduler with simpler inputs (``harness.vllm_sched.reduce``;
+    call this under the scheduler mutant the run had, if any), then its operations, replayed on the
+    real manager (``harness.reduce``; it keeps only traces the spec accepts as a caller's), then
+    written (``harness.report``)."""
     from harness.fuzzing import reduce_finding
     from harness.report import write_report
     from harness.targets.vllm import VllmTarget
+    from harness.vllm_sched.reduce import reduce_scheduler_run
 
     assert res.finding is not None
-    trace = finding_trace(res, family, seed)
-    opts = argparse.Namespace(reduce_seconds=reduce_seconds, step_timeout=10.0)
-    trace, _ = reduce_finding(trace, res.finding.finding, VllmTarget, opts)
+    start = time.monotonic()
+    reduced = reduce_scheduler_run(res, family, seed, 0.7 * reduce_seconds, should_stop=stop)
+    small = reduced.result
+    assert small.finding is not None
+    trace = finding_trace(small, family, seed, overrides=reduced.overrides)
+    left = max(0.0, reduce_seconds - (time.monotonic() - start))
+    opts = argparse.Namespace(reduce_seconds=left, step_timeout=10.0)
+    trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, opts)
     trace.extra["recorded_steps"] = len(res.steps)
+    trace.extra["scheduler_reduction"] = {
+        "runs": reduced.runs,
+        "seconds": round(reduced.seconds, 3),
+        "steps_before": len(res.steps),
+        "steps_after": len(small.steps),
+    }
     return write_report(out, trace)
 
 
@@ -147,10 +173,12 @@ def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) ->
     from harness.reduce import finding_signature
     from harness.replay import ReplayResult
     from harness.vllm_sched.mutants import patched
+    from harness.vllm_sched.reduce import overrides_from_json
 
     family, seed, steps = scheduler_run_of(trace, where)
+    overrides = overrides_from_json(trace.extra.get("choice_overrides"), where)
     with patched(mutant) if mutant else contextlib.nullcontext():
-        res = one_run(family, seed, max_engine_steps=steps + 1)
+        res = one_run(family, seed, overrides, max_engine_steps=steps + 1)
     rec = trace.finding or {}
     recorded = finding_signature(
         Finding(str(rec.get("kind")), None, str(rec.get("message", "")), rec.get("op"), invariant=rec.get("invariant"))
@@ -276,7 +304,7 @@ def _fuzz_scheduler(
                     name = f"known-{bug_id}-{get_known_bug(bug_id).name}"
                     known_reports[bug_id] = str(write_report(out, trace, name=name))
             if res.finding is not None:
-                dest = write_finding(out, res, family, s, reduce_seconds)
+                dest = write_finding(out, res, family, s, reduce_seconds, stop=signalled)
                 emit(f"kvspec fuzz: {res.finding.finding.summary()}")
                 emit(f"kvspec fuzz: family {family}, run seed {s}; report written to {dest}")
                 emit(f"kvspec fuzz: replay it with: kvspec replay {dest} --target vllm   (or --target spec)")

@@ -1,0 +1,70 @@
+"""Reducing a finding of the real scheduler's fuzz by re-driving it with simpler inputs
+(``harness.vllm_sched.reduce``): the reduced run is shorter, ends in the same finding, and its
+report replays to it, overrides included; overrides in a report are checked as data."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from harness.vllm_sched.reduce import OverriddenChoices, overrides_from_json, overrides_to_json
+from harness.workload import SeededChoices
+
+
+def _draws(ch: object) -> list[int]:
+    return [ch.integer(0, 9, label) for label in ("arrivals", "max_tokens", "arrivals", "stop", "arrivals")]  # type: ignore[attr-defined]
+
+
+def test_an_override_replaces_its_draw_and_keeps_the_others() -> None:
+    plain = _draws(SeededChoices(random.Random(3)))
+    ch = OverriddenChoices(SeededChoices(random.Random(3)), {("arrivals", 1): 0, ("stop", 0): 99})
+    got = _draws(ch)
+    # arrivals #1 is the third draw; stop #0 is clamped to the draw's range; the rest are the seed's.
+    assert got == [plain[0], plain[1], 0, 9, plain[4]]
+    assert ch.counts == {"arrivals": 3, "max_tokens": 1, "stop": 1}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "nope",
+        [["arrivals", 0]],
+        [["block_size", 0, 1]],  # a config draw: not one a reduction replaces
+        [["arrivals", -1, 0]],
+        [["arrivals", 0, True]],
+        [["arrivals", 0, 10**7]],
+    ],
+)
+def test_overrides_in_a_report_are_checked_as_data(bad: object) -> None:
+    with pytest.raises(ValueError, match="extra.choice_overrides"):
+        overrides_from_json(bad, "trace.json")
+
+
+def test_overrides_round_trip() -> None:
+    ov = {("arrivals", 3): 0, ("abort", 0): 1}
+    assert overrides_from_json(json.loads(json.dumps(overrides_to_json(ov))), "t") == ov
+    assert overrides_from_json(None, "t") == {}
+
+
+@pytest.mark.vllm
+def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -> None:
+    pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
+    from harness.trace import trace_from_json
+    from harness.vllm_sched.fuzz import first_finding, replay_scheduler_run, write_finding
+    from harness.vllm_sched.mutants import patched
+
+    name = "freed_kept_running"
+    with patched(name):
+        res, family, seed, _, _ = first_finding(("full",), 60, 0)
+        assert res is not None and res.finding is not None
+        dest = write_finding(str(tmp_path), res, family, seed, reduce_seconds=10)
+    trace = trace_from_json(json.loads((dest / "trace.json").read_text()))
+    red = trace.extra["scheduler_reduction"]
+    assert trace.extra["choice_overrides"] and red["steps_after"] < red["steps_before"] == len(res.steps)
+    replayed = replay_scheduler_run(trace, "trace.json", mutant=name)
+    assert not replayed.ok and "the recorded finding" in replayed.message
+    assert replayed.steps_run == red["steps_after"]  # the reduced run, overrides applied, not the original
+    assert replay_scheduler_run(trace, "trace.json").ok  # the correct scheduler: the finding is gone
