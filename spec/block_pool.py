@@ -239,11 +239,12 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
 
 
 class _HashEdit:
-    """A private, mutable copy of the pool's hash bookkeeping, for one operation.
+    """A private, mutable view of the pool's hash bookkeeping, for one operation.
 
     vLLM's helpers (``_insert_block_hash``, ``_remove_cached_block_hashes``,
-    ``_maybe_evict_cached_block``) mutate the pool step by step; the spec copies the hash fields
-    once per operation into this buffer, runs the same steps, and freezes the result.
+    ``_maybe_evict_cached_block``) mutate the pool step by step; the spec runs the same steps on
+    overlays of the hash fields (``spec.persistent.VecOverlay`` / ``MapOverlay``: the writes kept
+    aside, the pool untouched) and freezes the result, writing only what changed.
     """
 
     def __init__(self, pool: BlockPool) -> None:
