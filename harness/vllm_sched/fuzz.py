@@ -148,9 +148,12 @@ def first_finding(families: Sequence[str], seconds: float, seed: int) -> tuple[R
 MAX_REPLAY_ENGINE_STEPS = 100_000
 
 
-def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int]:
-    """(family, run seed, engine steps) of a report the real scheduler's fuzz wrote, checked: a
-    trace is data, so anything else is a ``ValueError`` naming the problem."""
+def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int, dict[tuple[str, int], int]]:
+    """(family, run seed, engine steps, the draws its reduction replaced) of a report the real
+    scheduler's fuzz wrote, checked: a trace is data, so anything else is a ``ValueError`` naming
+    the problem."""
+    from harness.vllm_sched.reduce import overrides_from_json
+
     extra = trace.extra
     if extra.get("driver") != TARGET_NAME:
         raise ValueError(f"{where}: not recorded by --target {TARGET_NAME} (no scheduler run to re-drive)")
@@ -161,7 +164,7 @@ def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int]:
         raise ValueError(f"{where}: run seed {trace.seed!r} is not one the scheduler fuzz draws")
     if type(steps) is not int or not 0 <= steps <= MAX_REPLAY_ENGINE_STEPS:
         raise ValueError(f"{where}: extra.engine_steps must be an int in [0, {MAX_REPLAY_ENGINE_STEPS}], got {steps!r}")
-    return trace.family, trace.seed, steps
+    return trace.family, trace.seed, steps, overrides_from_json(extra.get("choice_overrides"), where)
 
 
 def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) -> ReplayResult:
@@ -173,10 +176,8 @@ def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) ->
     from harness.reduce import finding_signature
     from harness.replay import ReplayResult
     from harness.vllm_sched.mutants import patched
-    from harness.vllm_sched.reduce import overrides_from_json
 
-    family, seed, steps = scheduler_run_of(trace, where)
-    overrides = overrides_from_json(trace.extra.get("choice_overrides"), where)
+    family, seed, steps, overrides = scheduler_run_of(trace, where)
     with patched(mutant) if mutant else contextlib.nullcontext():
         res = one_run(family, seed, overrides, max_engine_steps=steps + 1)
     rec = trace.finding or {}

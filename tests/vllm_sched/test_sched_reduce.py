@@ -68,3 +68,24 @@ def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -
     assert not replayed.ok and "the recorded finding" in replayed.message
     assert replayed.steps_run == red["steps_after"]  # the reduced run, overrides applied, not the original
     assert replay_scheduler_run(trace, "trace.json").ok  # the correct scheduler: the finding is gone
+
+
+@pytest.mark.vllm
+def test_replay_refuses_doctored_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A report's overrides are data: a bad entry is exit 2 naming the field, before any run."""
+    pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
+    from harness.cli import main
+    from harness.report import write_report
+    from harness.vllm_sched.fuzz import finding_trace, one_run, run_seed
+    from harness.vllm_sched.mutants import patched
+
+    with patched("hit_off_by_one"):
+        res = one_run("full", run_seed(0, 0), max_engine_steps=150)
+    assert res.finding is not None
+    dest = write_report(tmp_path, finding_trace(res, "full", run_seed(0, 0), overrides={("stop", 0): 1}))
+    trace = json.loads((dest / "trace.json").read_text())
+    assert trace["extra"]["choice_overrides"] == [["stop", 0, 1]]
+    doctored = tmp_path / "doctored.json"
+    doctored.write_text(json.dumps({**trace, "extra": {**trace["extra"], "choice_overrides": [["block_size", 0, 1]]}}))
+    assert main(["replay", str(doctored), "--target", "vllm-scheduler"]) == 2
+    assert "extra.choice_overrides[0]" in capsys.readouterr().err
