@@ -319,18 +319,11 @@ class LinkedQueue(Sequence[int]):
 
     def remove(self, blocks: Iterable[int]) -> LinkedQueue:
         """vLLM ``remove``: unlink each of ``blocks`` (each must be queued) from wherever it sits."""
-        prev: dict[int, int] = {}
-        nxt: dict[int, int] = {}
+        prev: VecOverlay[int] = VecOverlay(self._prev)
+        nxt: VecOverlay[int] = VecOverlay(self._next)
         head, tail, n = self._head, self._tail, self._n
-
-        def get_prev(b: int) -> int:
-            return prev[b] if b in prev else self._prev[b]
-
-        def get_next(b: int) -> int:
-            return nxt[b] if b in nxt else self._next[b]
-
         for b in blocks:
-            p, q = get_prev(b), get_next(b)
+            p, q = prev[b], nxt[b]
             assert p != OUT, f"block {b} is not in the free queue"
             if p == NONE:
                 head = q
@@ -342,7 +335,7 @@ class LinkedQueue(Sequence[int]):
                 prev[q] = p
             prev[b] = nxt[b] = OUT
             n -= 1
-        return LinkedQueue(self._prev.set(prev), self._next.set(nxt), head, tail, n)
+        return LinkedQueue(prev.freeze(), nxt.freeze(), head, tail, n)
 
     def push(self, front: Sequence[int], back: Sequence[int]) -> LinkedQueue:
         """``front`` (in order) before the current front and ``back`` (in order) after the tail;
@@ -381,10 +374,12 @@ def vec_set(vec: Any, updates: Mapping[int, T]) -> Any:
 
 def vec_changed(before: Any, after: Any) -> list[int]:
     """Indices where two equally long vectors (tuples or ``PVec``) differ."""
-    if before is after or before == after:
+    if before is after:
         return []
     if isinstance(before, PVec) and isinstance(after, PVec):
-        return before.changed_indices(after)
+        return before.changed_indices(after)  # shared chunks skipped, the rest compared in C first
+    if before == after:
+        return []
     return [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
 
 
@@ -433,13 +428,6 @@ def queue_push(queue: Any, front: Sequence[int], back: Sequence[int]) -> Any:
     if isinstance(queue, LinkedQueue):
         return queue.push(front, back)
     return tuple(front) + queue + tuple(back) if front or back else queue
-
-
-def queue_ends(queue: Any, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The first and the last ``k`` ids (``k`` > 0), read without walking the queue."""
-    if isinstance(queue, LinkedQueue):
-        return queue.first(k), queue.last(k)
-    return tuple(queue[:k]), tuple(queue[-k:]) if queue else ()
 
 
 class VecOverlay(Generic[T]):

@@ -24,7 +24,7 @@ from spec import request as rq
 from spec.config import KVCacheConfig
 from spec.events import Event
 from spec.hashing import MMFeature
-from spec.persistent import PMap, queue_ends
+from spec.persistent import PMap
 from spec.types import TokenCount
 
 
@@ -159,7 +159,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             facts=facts,
             cached=lambda k: tuple(pool.cached.get(k, ())),
             num_free=len(fq),
-            free_ends=lambda k: queue_ends(fq, k),
+            free_ends=lambda k: (fq[:k], fq[-k:] if fq else ()),  # a LinkedQueue reads only the ends
             num_cached_keys=len(pool.cached),
             hashes=hashes,
         )
@@ -199,4 +199,3 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             block_key_tokens=pool.block_key_tokens,
             secondary_keys={int(b): frozenset(keys) for b, keys in pool.secondary_keys.items() if keys},
         )
-

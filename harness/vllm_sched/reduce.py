@@ -112,7 +112,6 @@ class SchedReduction:
     overrides: Overrides
     runs: int  # scheduler runs tried
     seconds: float
-    before_ops: int  # manager operations of the original run
 
 
 def reduce_scheduler_run(
@@ -120,21 +119,20 @@ def reduce_scheduler_run(
     family: str,
     seed: int,
     seconds: float,
-    overrides: Mapping[tuple[str, int], int] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> SchedReduction:
     """The run with the fewest manager operations found within ``seconds`` that still ends in
     ``res``'s finding (``res`` itself when nothing simpler does).  Call it where the run happened:
-    under the same scheduler mutant, if any, and with the ``overrides`` it ran with."""
+    under the same scheduler mutant, if any."""
     assert res.finding is not None
-    r = _Reducer(res, family, seed, dict(overrides or {}), time.monotonic() + seconds, should_stop)
     t0 = time.monotonic()
+    r = _Reducer(res, family, seed, {}, t0 + seconds, should_stop)
     progress = True
     while progress and not r.out_of_time():
         progress = False
         for label, value in SIMPLER:
             progress |= r.replace_runs(label, value)
-    return SchedReduction(r.best, r.overrides, r.runs, time.monotonic() - t0, res.ops)
+    return SchedReduction(r.best, r.overrides, r.runs, time.monotonic() - t0)
 
 
 class _Reducer:

@@ -62,7 +62,8 @@ def check_invariants(
 ) -> list[Violation]:
     """Run every state invariant (or the named ones); return each violation with its name.  A
     persistent pool is read out into tuples once first (``spec.block_pool.thaw``)."""
-    state = with_pool(state, thaw(state.pool))
+    if (pool := thaw(state.pool)) is not state.pool:
+        state = with_pool(state, pool)
     ctx = StateContext(state, requests, evict_called, event_log)
     return run_invariants(ctx, "state", names)
 
