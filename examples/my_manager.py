@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import ops as O
-from harness.observation import Observation
+from harness.core import ops as O
+from harness.core.observation import Observation
 from harness.targets.base import Unsupported
 from spec.config import KVCacheConfig
 

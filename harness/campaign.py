@@ -4,18 +4,18 @@ Each row is one mutant in one mode, fuzzed until the first finding (then shrunk 
 report under ``--out``) or until ``--seconds`` pass: killed or not, which check killed it (the finding
 kind, and the invariant or the equality field that fired), the time to the first failing example,
 the time to the written report, and the trace's length after Hypothesis' shrinking and after the
-trace reduction (``harness.reduce``, the report's length).  Exit 1 if any mutant survives.
+trace reduction (``harness.traces.reduce``, the report's length).  Exit 1 if any mutant survives.
 
 Modes:
 
 - ``exact`` / ``outcomes`` / ``invariants``: the mutant is the *target*, compared with the unmutated
-  spec under that equality relation (``harness.equality``);
+  spec under that equality relation (``harness.core.equality``);
 - ``self``: the *spec itself* is mutated, reference included, so nothing can diverge: only the
   invariants of ``spec.invariants`` (which keep the original code) can kill it.
 
-Built-in catalogue: the spec mutants (``harness.mutants``, in their ``MUTANT_MODES``), the ``impl``
-allocator mutants (``harness.mutants_impl``) and, where vLLM 0.33.0 is installed, runtime mutants of
-vLLM's manager (``harness.mutants_vllm``) and of its real scheduler (``harness.vllm_sched.mutants``:
+Built-in catalogue: the spec mutants (``harness.mutants.registry``, in their ``MUTANT_MODES``), the ``impl``
+allocator mutants (``harness.mutants.impl``) and, where vLLM 0.33.0 is installed, runtime mutants of
+vLLM's manager (``harness.mutants.vllm``) and of its real scheduler (``harness.vllm_sched.mutants``:
 seeded runs of the real scheduler, no Hypothesis; the "shrunk" column is the recorded run).
 ``--target pkg.mod:factory`` runs a user's mutants instead:
 ``--mutants pkg.mod:mutants`` (default: ``mutants`` in the target's module) is a callable returning
@@ -78,7 +78,7 @@ class Row:
     first_failure: float | None = None
     to_report: float | None = None
     shrunk_steps: int | None = None  # after Hypothesis' shrinking
-    reduced_steps: int | None = None  # after the trace reduction (harness/reduce.py): the report's length
+    reduced_steps: int | None = None  # after the trace reduction (harness/traces/reduce.py): the report's length
     report: Path | None = None
     note: str = ""
 
@@ -100,7 +100,9 @@ def add_parser(sub: Any) -> None:
     )
     m.add_argument("--seconds", type=float, default=60.0, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=10)
-    m.add_argument("--reduce-seconds", type=float, default=15.0, help="trace reduction bound (harness/reduce.py)")
+    m.add_argument(
+        "--reduce-seconds", type=float, default=15.0, help="trace reduction bound (harness/traces/reduce.py)"
+    )
     m.add_argument("--seed", type=int, default=11)
     m.add_argument("--profile", default="ci")
     m.add_argument("--batch", type=int, default=25, help="examples per family before rotating")
@@ -117,8 +119,8 @@ def add_parser(sub: Any) -> None:
 
 
 def builtin_entries(with_vllm: bool) -> list[Entry]:
-    from harness import mutants as sm
-    from harness import mutants_impl as im
+    from harness.mutants import impl as im
+    from harness.mutants import registry as sm
     from harness.targets.spec import SpecTarget
 
     out: list[Entry] = []
@@ -129,7 +131,7 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
                 out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, SpecTarget, patch=_self_patch(name)))
             else:
                 out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, _bind(sm.make_mutant, name)))
-    from harness import mutants_invariants as mi
+    from harness.mutants import invariants as mi
 
     for name in mi.MUTANTS:
         for mode in mi.MODES.get(name, ("self",)):
@@ -142,7 +144,7 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
         fams = (im.MUTANT_FAMILIES.get(name, "full"),)
         out.append(Entry(name, "impl", "exact", f"mutant:{name}", fams, _bind(im.make_mutant_target, name)))
     if with_vllm:
-        from harness import mutants_vllm as vm
+        from harness.mutants import vllm as vm
         from harness.vllm_sched import mutants as schm
 
         for name in vm.MUTANTS:
@@ -166,7 +168,7 @@ def _bind(make: Callable[[str], Any], name: str) -> Callable[[], Any]:
 
 
 def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
-    from harness.mutants import patched_spec
+    from harness.mutants.registry import patched_spec
 
     def patch() -> AbstractContextManager[None]:
         ctx: AbstractContextManager[None] = patched_spec(name, keep=("spec.invariants",))
@@ -177,8 +179,8 @@ def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
 
 def user_entries(target: str, mutants: str | None, families: tuple[str, ...], relation: str) -> list[Entry]:
     """The user's mutants (``UsageError``-style ``ValueError`` naming what is wrong)."""
-    from harness.families import parse_families
     from harness.targets import TargetLoadError, check_target
+    from harness.world.families import parse_families
 
     if ":" not in target:
         raise ValueError(f"--target {target!r}: expected package.module:factory")
@@ -240,9 +242,9 @@ def check_of(finding: dict[str, Any]) -> str:
 def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     from hypothesis import Verbosity
 
-    from harness.fuzzing import run_fuzz
-    from harness.report import write_report
-    from harness.trace import trace_from_json
+    from harness.run.fuzzing import run_fuzz
+    from harness.traces.report import write_report
+    from harness.traces.trace import trace_from_json
 
     if entry.origin == "scheduler":
         return run_scheduler_entry(entry, opts)
@@ -364,10 +366,10 @@ def _secs(x: float | None) -> str:
 
 
 def mutants_cmd(args: argparse.Namespace) -> int:
-    from harness.cli import UsageError
-    from harness.equality import RELATIONS
-    from harness.families import parse_families
-    from harness.profiles import profile_settings
+    from harness.core.equality import RELATIONS
+    from harness.run.options import UsageError
+    from harness.run.profiles import profile_settings
+    from harness.world.families import parse_families
 
     if args.seconds <= 0:
         raise UsageError("--seconds must be > 0")

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.run.options import UsageError
+
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,17 +64,17 @@ def _parser() -> argparse.ArgumentParser:
         "--reduce-seconds",
         type=float,
         default=15.0,
-        help="time bound for reducing the shrunk trace by replaying operations (harness/reduce.py); 0: off "
+        help="time bound for reducing the shrunk trace by replaying operations (harness/traces/reduce.py); 0: off "
         "(0..86400; also capped by the time --seconds leaves)",
     )
     f.add_argument(
         "--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)"
     )
-    f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle.py)")
+    f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle/)")
     f.add_argument(
-        "--strict-known", action="store_true", help="known target bugs (harness/known_bugs.py) fail the run too"
+        "--strict-known", action="store_true", help="known target bugs (harness/ledger/known_bugs.py) fail the run too"
     )
-    f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger.py; on by default)")
+    f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger/; on by default)")
     f.add_argument(
         "--db",
         default=None,
@@ -178,11 +176,11 @@ def _restored_environ(*names: str) -> Iterator[None]:
 
 def fuzz(args: argparse.Namespace) -> int:
     """``kvspec fuzz``: every option checked before any work (``UsageError``, exit 2), then the run with
-    SIGINT and SIGTERM handled (``harness.signals.SIGNALS``: a clean stop that keeps a finding), then the
+    SIGINT and SIGTERM handled (``harness.run.signals.SIGNALS``: a clean stop that keeps a finding), then the
     summary and the report (``finish_fuzz``)."""
-    from harness.fuzz_finish import finish_fuzz
-    from harness.fuzzing import FuzzResult
-    from harness.signals import SIGNALS, Interrupted
+    from harness.run.finish import finish_fuzz
+    from harness.run.fuzzing import FuzzResult
+    from harness.run.signals import SIGNALS, Interrupted
 
     families = _check_fuzz_options(args)
     _set_fuzz_environ(args)
@@ -212,10 +210,10 @@ def fuzz(args: argparse.Namespace) -> int:
 
 def _run_fuzz(args: argparse.Namespace, families: list[str], factory: Any, tty: bool) -> Any:
     """One process (a progress line on a terminal) or ``--workers`` processes; the ``FuzzResult``."""
-    from harness.fuzzing import progress_line, run_fuzz
+    from harness.run.fuzzing import progress_line, run_fuzz
 
     if args.workers > 1:
-        from harness.workers import fuzz_workers
+        from harness.run.workers import fuzz_workers
 
         return fuzz_workers(args, families, progress=tty)
     last = [0.0]
@@ -233,16 +231,16 @@ def _run_fuzz(args: argparse.Namespace, families: list[str], factory: Any, tty: 
 
 def _check_fuzz_options(args: argparse.Namespace) -> list[str]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
-    from harness.equality import RELATIONS
-    from harness.families import parse_families
-    from harness.glimpse import check_full_check_every_env
-    from harness.memory_guard import bound_from_env
-    from harness.profiles import check_database, profile_settings
+    from harness.check.memory_guard import bound_from_env
+    from harness.core.equality import RELATIONS
+    from harness.core.glimpse import check_full_check_every_env
+    from harness.run.profiles import check_database, profile_settings
+    from harness.world.families import parse_families
 
     _check_numbers(args, FUZZ_NUMBERS)
     try:
-        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.memory_guard)
-        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.glimpse)
+        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.check.memory_guard)
+        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
         families = parse_families(args.family)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -335,15 +333,15 @@ def _set_fuzz_environ(args: argparse.Namespace) -> None:
     if args.db:
         os.environ["KVSPEC_DB"] = args.db  # this process' profiles, and the workers it starts
     if args.no_ledger:
-        os.environ["KVSPEC_LEDGER"] = "0"  # harness.lockstep.ledger_enabled, here and in the workers
+        os.environ["KVSPEC_LEDGER"] = "0"  # harness.check.lockstep.ledger_enabled, here and in the workers
     if args.strict_known:
-        os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.known_bugs.strict_known, likewise
+        os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.ledger.known_bugs.strict_known, likewise
 
 
 def _load_fuzz_target(args: argparse.Namespace) -> Any:
     """The target factory ``--target`` names; ``UsageError`` when it cannot be loaded (also when loading
     it raises ``SystemExit``)."""
-    from harness.fuzzing import fuzz_factory
+    from harness.run.fuzzing import fuzz_factory
     from harness.targets import TargetLoadError
 
     try:
@@ -366,17 +364,17 @@ def pd_cmd(argv: list[str]) -> int:
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
-    from harness.glimpse import check_full_check_every_env
-    from harness.mutants import resolve_target
-    from harness.ops import TraceFormatError
-    from harness.replay import UntrustedTarget, replay, replay_target
+    from harness.core.glimpse import check_full_check_every_env
+    from harness.core.ops import TraceFormatError
+    from harness.mutants.registry import resolve_target
     from harness.targets import TargetLoadError
-    from harness.trace_folders import find_traces
+    from harness.traces.folders import find_traces
+    from harness.traces.replay import UntrustedTarget, replay, replay_target
 
     if not 0 <= args.step_timeout <= 86400:  # NaN too
         raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")
     try:
-        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.glimpse)
+        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
     except ValueError as e:
         raise UsageError(str(e)) from None
     from harness.vllm_sched.fuzz import handles
@@ -402,7 +400,7 @@ def replay_cmd(args: argparse.Namespace) -> int:
         cases.append((str(p), name, time.monotonic() - t0, result))
     print(f"kvspec replay: {len(traces) - bad}/{len(traces)} trace(s) behaved as recorded")
     if args.junit_xml:
-        from harness.junit import Case, write_junit
+        from harness.run.junit import Case, write_junit
 
         write_junit(
             args.junit_xml,
@@ -429,9 +427,9 @@ def _replay_scheduler(args: argparse.Namespace) -> int:
     """``kvspec replay --target vllm-scheduler`` (or ``mutant:NAME`` of a scheduler mutant): each
     report of the real scheduler's fuzz re-drives the real scheduler from its recorded run
     (``harness.vllm_sched.fuzz.replay_scheduler_run``); every file is checked before any run."""
-    from harness.ops import TraceFormatError
+    from harness.core.ops import TraceFormatError
     from harness.targets.vllm import VllmUnavailable, _vllm
-    from harness.trace_folders import find_traces
+    from harness.traces.folders import find_traces
     from harness.vllm_sched.fuzz import TARGET_NAME, replay_scheduler_run, scheduler_run_of
 
     try:
@@ -456,9 +454,9 @@ def _replay_scheduler(args: argparse.Namespace) -> int:
 
 
 def report_cmd(args: argparse.Namespace) -> int:
-    from harness.ops import TraceFormatError
-    from harness.report import render_report
-    from harness.trace import read_trace
+    from harness.core.ops import TraceFormatError
+    from harness.traces.report import render_report
+    from harness.traces.trace import read_trace
 
     try:
         trace = read_trace(args.path)

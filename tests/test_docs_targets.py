@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import ops as O
-from harness.finding import FindingError
-from harness.lockstep import Lockstep
+from harness.check.finding import FindingError
+from harness.check.lockstep import Lockstep
+from harness.core import ops as O
 from harness.targets import TargetLoadError, Unsupported, target_factory
 from spec.config import KVCacheConfig, full_attention
 from spec.types import BlockCount, TokenCount

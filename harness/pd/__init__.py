@@ -14,4 +14,6 @@ and a discrete-event simulation of what pre-allocation buys.  Read in this order
 - ``invariants``: the named safety rules;
 - ``machine`` / ``check``: the state machine and ``kvspec pd check``;
 - ``sim``: ``kvspec pd simulate`` (docs/pd-preallocation.md).
+
+Imports: harness.core, harness.targets, harness.check, harness.run, spec.
 """

@@ -81,7 +81,7 @@ def _mirror_factory(target: str) -> Any:
 
 
 def fuzz_design(design: Any, names: Any, make_mirror: Any, seconds: float, seed: int, args: argparse.Namespace) -> int:
-    from harness.profiles import profile_settings
+    from harness.run.profiles import profile_settings
 
     cls = make_pd_machine(design, names, make_mirror)
     start = time.monotonic()

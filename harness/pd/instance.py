@@ -1,7 +1,7 @@
 """One engine's manager calls, and the KV contents of its blocks.
 
 Every call goes to ``spec.kv_cache_manager`` (the state is a value) and is logged as the
-``harness.ops`` operation a real scheduler's call corresponds to, with its outcome in the JSON form
+``harness.core.ops`` operation a real scheduler's call corresponds to, with its outcome in the JSON form
 of ``harness.targets.base``: the harness replays the log on a real vLLM 0.33 ``KVCacheManager``
 and requires the same outcomes.  ``memory`` is the ground truth of the data plane: what each block
 holds (the token prefix its KV belongs to, and which layers of it are there); a fresh block holds
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from harness import ops as O
+from harness.core import ops as O
 from harness.pd.messages import Content
 from harness.pd.state import InstanceState
 from harness.pd.types import InstanceId

@@ -1,8 +1,8 @@
 """Replay every instance's manager calls on a real manager, one per instance.
 
 The cluster model calls the spec manager; each ``InstanceState.log`` lists those calls as
-``harness.ops`` operations with the spec's outcomes.  ``Mirror.replay`` feeds them to one
-``harness.lockstep.Lockstep`` per instance (a fresh spec reference and a fresh target, by default
+``harness.core.ops`` operations with the spec's outcomes.  ``Mirror.replay`` feeds them to one
+``harness.check.lockstep.Lockstep`` per instance (a fresh spec reference and a fresh target, by default
 the real vLLM 0.33 ``KVCacheManager`` through ``harness.targets.vllm.VllmTarget``), which compares
 outcomes and whole observations after each call, and checks that the target's outcome is the one
 the cluster model acted on.  A restarted instance (``instance.RESET``) gets a fresh pair.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.lockstep import FindingError, Lockstep
+from harness.check.lockstep import FindingError, Lockstep
 from harness.pd.instance import RESET
 from harness.pd.state import ClusterState, get_instances
 

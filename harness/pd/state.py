@@ -26,7 +26,7 @@ class InstanceState:
     """One engine's KV-cache manager and what it holds.
 
     ``incarnation[r]`` counts the times ``r`` went from holding nothing to holding blocks here;
-    ``log`` lists the manager calls (a ``harness.ops`` operation and its outcome in JSON form)
+    ``log`` lists the manager calls (a ``harness.core.ops`` operation and its outcome in JSON form)
     made since the harness last took them, so they can be replayed on a real manager.
     """
 

@@ -3,6 +3,8 @@
 Each claim is a ``harness.proofs.core.Claim``: a name, a statement, its premises, and a check that
 calls the spec's own code.  ``all_claims()`` lists them in report order; ``prove_main`` is the
 command line.
+
+Imports: harness.core, harness.targets, harness.traces, spec.
 """
 
 from __future__ import annotations

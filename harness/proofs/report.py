@@ -1,8 +1,8 @@
 """Counterexamples as files: a JSON report per failed claim, with a replayable trace when the
 claim has one.
 
-The trace is a ``harness.trace.Trace`` (schema version 1) built from the operation vocabulary of
-``harness.ops``; its ``finding`` names the claim and the failed goal.  The expected outcome of each
+The trace is a ``harness.traces.trace.Trace`` (schema version 1) built from the operation vocabulary of
+``harness.core.ops``; its ``finding`` names the claim and the failed goal.  The expected outcome of each
 step is recorded by running the spec when ``harness.targets.spec`` is available, else left null
 (replay then reports what the target does).  Writing goes through ``write_report`` only.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.ops import (
+from harness.core.ops import (
     AddRequest,
     AllocateSlots,
     Free,
@@ -23,7 +23,7 @@ from harness.ops import (
     SetNumComputedTokens,
     SetSpecTokens,
 )
-from harness.trace import Trace, dumps_trace
+from harness.traces.trace import Trace, dumps_trace
 from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
 

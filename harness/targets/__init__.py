@@ -8,7 +8,9 @@
   protocol (see docs/targets.md).
 Every failure raises ``TargetLoadError`` with a message saying why (the CLI exits 2 on it).
 This registry holds production targets only: the deliberate bugs (``mutant:NAME``) live in
-``harness.mutants`` and are resolved by the CLI (``harness.mutants.resolve_target``).
+``harness.mutants.registry`` and are resolved by the CLI (``harness.mutants.registry.resolve_target``).
+
+Imports: harness, harness.core, spec, impl.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The one op dispatch every built-in target shares; a target supplies only its manager calls.
 
-``ManagerAdapter.apply`` turns each ``harness.ops`` operation into one call of a small hook and
+``ManagerAdapter.apply`` turns each ``harness.core.ops`` operation into one call of a small hook and
 the outcome into its JSON form (``harness.targets.base``).  The request operations go through the
-shared ``harness.book.RequestBook`` first, then to the target's request hooks, which keep the
+shared ``harness.core.book.RequestBook`` first, then to the target's request hooks, which keep the
 target's own request object in step.  A subclass implements:
 
 - ``build(config)``: a fresh manager for ``config``;
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from harness import ops as O
-from harness.book import BookRequest, RequestBook
-from harness.observation import Observation, event_to_json
+from harness.core import ops as O
+from harness.core.book import BookRequest, RequestBook
+from harness.core.observation import Observation, event_to_json
 from spec.config import KVCacheConfig
 from spec.events import Event
 

@@ -2,7 +2,7 @@
 
 A target is one KV-cache manager under test (the spec itself, real vLLM, kvspec's ``impl``, or a
 user's own).  The harness only ever talks to it through this protocol: ``reset`` builds a fresh
-manager for a config, ``apply`` performs one abstract operation (``harness.ops``) and returns its
+manager for a config, ``apply`` performs one abstract operation (``harness.core.ops``) and returns its
 outcome in JSON form, and ``observe`` reports the manager's state as an ``Observation``.  ``observe``
 is the one function per target that reads the target's internals.
 
@@ -11,7 +11,7 @@ Outcome forms (JSON values, identical across targets):
 - ``AllocateSlots``: ``None`` when out of blocks, else ``{"block_ids": [[int, ...] per group]}``
   (only the newly allocated blocks; empty lists when nothing new was needed)
 - ``ResetPrefixCache``: ``bool``
-- ``TakeEvents``: ``[event_to_json(e), ...]`` (see ``harness.observation``)
+- ``TakeEvents``: ``[event_to_json(e), ...]`` (see ``harness.core.observation``)
 - every other operation: ``None``
 A target that cannot model an operation or config raises ``Unsupported`` (the harness then skips
 that family or step kind for this target, and says so); any other exception is a finding.
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from harness.observation import Observation
-from harness.ops import Op
+from harness.core.observation import Observation
+from harness.core.ops import Op
 from spec.config import KVCacheConfig
 
 

@@ -13,10 +13,17 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from harness.book import BookRequest
-from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.observation import Observation
-from harness.ops import AllocateSlots, AppendOutputTokens, Op, SetNumComputedTokens, SetNumInFlightTokens, SetStatus
+from harness.core.book import BookRequest
+from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from harness.core.observation import Observation
+from harness.core.ops import (
+    AllocateSlots,
+    AppendOutputTokens,
+    Op,
+    SetNumComputedTokens,
+    SetNumInFlightTokens,
+    SetStatus,
+)
 from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported
 from impl import allocator as alloc
@@ -155,7 +162,7 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
         )
 
     def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
-        """The part of the allocator's state one operation of ``requests`` can change (``harness.glimpse``)."""
+        """The part of the allocator's state one operation of ``requests`` can change (``harness.core.glimpse``)."""
         m = self._manager
         if m is None:
             raise ValueError("ImplTarget.glimpse called before reset(config)")

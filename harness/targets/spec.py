@@ -5,7 +5,7 @@ spec ``Request`` values in its request book, and each hook calls the function of
 ``spec.kv_cache_manager`` / ``spec.request`` of the same name.  ``observe`` is the one place that
 turns the spec state into an ``Observation``.  Spec vs spec must never diverge; a copy of this
 target with small deliberate bugs
-(``harness.mutants``) shows that the harness catches them.
+(``harness.mutants.registry``) shows that the harness catches them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from harness import ops as O
-from harness.book import BookRequest
-from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.observation import Observation
+from harness.core import ops as O
+from harness.core.book import BookRequest
+from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from harness.core.observation import Observation
 from harness.targets.adapter import ManagerAdapter
 from spec import kv_cache_manager as kvm
 from spec import request as rq
@@ -140,7 +140,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
     # --- observation ---------------------------------------------------------------------------
 
     def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
-        """The part of the spec state one operation of ``requests`` can change (``harness.glimpse``)."""
+        """The part of the spec state one operation of ``requests`` can change (``harness.core.glimpse``)."""
         s = self.state
         pool = s.pool
 

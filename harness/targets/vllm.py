@@ -7,7 +7,7 @@ vocabulary.  The harness treats it like any other target (``harness.targets.base
 * ``reset`` builds the manager from kvspec's ``KVCacheConfig`` with vLLM's own ``KVCacheConfig`` /
   ``KVCacheGroupSpec`` / ``*AttentionSpec`` classes (head count, head size and dtype are dummies: the
   manager never touches KV contents) and seeds vLLM's process-global ``NONE_HASH``.
-* ``apply`` plays one ``harness.ops`` operation on the manager or on a request, as vLLM 0.33's
+* ``apply`` plays one ``harness.core.ops`` operation on the manager or on a request, as vLLM 0.33's
   scheduler would, and returns the outcome in the JSON form of ``base.py``.  vLLM's exceptions
   propagate unchanged: the harness turns them into findings.
 * ``observe`` is the one function here that reads vLLM internals (single-type managers' tables, the
@@ -26,10 +26,10 @@ from operator import attrgetter
 from types import SimpleNamespace
 from typing import Any
 
-from harness.book import BookRequest
-from harness.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.observation import Observation
-from harness.ops import (
+from harness.core.book import BookRequest
+from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from harness.core.observation import Observation
+from harness.core.ops import (
     AllocateSlots,
     AppendOutputTokens,
     MMFeatureSpec,
@@ -348,7 +348,7 @@ class VllmTarget(ManagerAdapter[Any]):
 
     def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
         """The part of the manager's state one operation of ``requests`` can change
-        (``harness.glimpse``), read without walking the pool or the free list."""
+        (``harness.core.glimpse``), read without walking the pool or the free list."""
         if self._manager is None:
             raise ValueError("VllmTarget.glimpse called before reset(config)")
         managers = self._manager.coordinator.single_type_managers

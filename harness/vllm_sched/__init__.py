@@ -2,11 +2,14 @@
 
 - ``build``: the real scheduler on CPU, offline, from a kvspec ``KVCacheConfig`` and scheduler knobs;
 - ``proxy``: the manager proxy that turns every manager call (and the request changes before it)
-  into ``harness.ops`` operations for a lockstep (``LockstepSink``) or a recording;
+  into ``harness.core.ops`` operations for a lockstep (``LockstepSink``) or a recording;
 - ``driver``: the scheduler's inputs only (arrivals, model outputs, drafts, connector loads);
 - ``fuzz``: ``kvspec fuzz --target vllm-scheduler`` (and ``--target mutant:NAME`` of ``mutants``);
 - ``record``: ``KVSPEC_RECORD`` / ``KVSPEC_SHADOW`` in a user's vLLM process (a vLLM general plugin);
 - ``mutants``: deliberate scheduler-side bugs; ``bench``: the proxy's per-call cost.
 
 docs/vllm-scheduler.md describes the whole.
+
+Imports: harness, harness.core, harness.world, harness.targets, harness.ledger, harness.check,
+harness.traces, harness.run, spec.
 """

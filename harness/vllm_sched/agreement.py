@@ -1,4 +1,4 @@
-"""Does kvspec's scheduler model (``harness/scheduler.py``) make the manager calls vLLM's real
+"""Does kvspec's scheduler model (``harness/world/scheduler.py``) make the manager calls vLLM's real
 scheduler makes?  Same inputs, both schedulers, the two call sequences compared.
 
 One run: the real 0.33.0 ``Scheduler`` is driven as ``kvspec fuzz --target vllm-scheduler`` drives it
@@ -34,13 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from harness import ops as O
-from harness.scheduler import SchedConfig, Scheduler
+from harness.core import ops as O
 from harness.targets.spec import SpecTarget
 from harness.vllm_sched.build import SchedKnobs, build_scheduler
 from harness.vllm_sched.driver import SCHED_FAMILIES, Driver, WorldStep, draw_config, draw_knobs
 from harness.vllm_sched.proxy import install
-from harness.workload import SeededChoices
+from harness.world.scheduler import SchedConfig, Scheduler
+from harness.world.workload import SeededChoices
 from spec.config import KVCacheConfig
 
 T = TypeVar("T")
@@ -81,7 +81,7 @@ class CallLog:
 
 
 class WorldAnswers:
-    """``harness.workload.Choices`` for kvspec's scheduler model, answered from one recorded
+    """``harness.world.workload.Choices`` for kvspec's scheduler model, answered from one recorded
     ``WorldStep`` of the real run; a question the record cannot answer raises ``Unanswerable``."""
 
     def __init__(self, knobs: SchedKnobs) -> None:

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ops as O
+from harness.core import ops as O
 from harness.vllm_sched.build import build_scheduler
 from harness.vllm_sched.driver import Driver, draw_config, draw_knobs
 from harness.vllm_sched.proxy import ManagerProxy, install
 from harness.vllm_sched.record import RecordSink, ShadowSink
-from harness.workload import SeededChoices
+from harness.world.workload import SeededChoices
 
 
 class NullSink:

@@ -1,4 +1,4 @@
-"""Drive vLLM's real ``Scheduler`` through its inputs only, from a ``harness.workload.Choices``.
+"""Drive vLLM's real ``Scheduler`` through its inputs only, from a ``harness.world.workload.Choices``.
 
 Each engine step: request arrivals (prompts built from a few shared prefixes, so prefix caching
 hits, of varied lengths and ``max_tokens``; with the KV connector, some with a remote prefix to
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from math import lcm
 from typing import Any
 
-from harness.finding import Finding, FindingError
+from harness.check.finding import Finding, FindingError
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler
 from harness.vllm_sched.proxy import LockstepSink, install
-from harness.workload import Choices
+from harness.world.workload import Choices
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
 
@@ -40,7 +40,7 @@ SCHED_FAMILIES = (
     "connector",
     "spec_decode",
 )
-"""Families the real scheduler runs here: the layouts of ``harness.families`` it supports on CPU, plus
+"""Families the real scheduler runs here: the layouts of ``harness.world.families`` it supports on CPU, plus
 ``connector`` (full or sliding window with the stub KV connector: async and sync loads, failed ones)
 and ``spec_decode`` (ngram speculative decoding: drafts, accepted counts, lookahead slots)."""
 
@@ -119,7 +119,7 @@ class RunResult:
     steps: list[tuple[Any, Any]] = field(default_factory=list)
     skipped: str | None = None
     relation: str = "exact"
-    known_hits: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.known_bugs)
+    known_hits: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
     known_first: dict[str, tuple[Finding, list[tuple[Any, Any]]]] = field(default_factory=dict)
     draws: Counter[str] = field(default_factory=Counter)  # integer draws per label (harness.vllm_sched.reduce)
 
@@ -145,7 +145,7 @@ class Driver:
         sbs = int(config.scheduler_block_size)
         self.prefixes = [ch.tokens(ch.integer(1, 3 * sbs, "prefix_len", boundary=sbs), "prefix") for _ in range(3)]
         # Loads fail under every layout: under a window they reproduce known bug K2 (docs/upstream/),
-        # which the ledger recognises (harness.known_bugs) and the run counts; nothing steers around it.
+        # which the ledger recognises (harness.ledger.known_bugs) and the run counts; nothing steers around it.
         self.fail_loads = True
         self.next_id = 0
         self.loading: set[str] = set()

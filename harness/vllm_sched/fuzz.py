@@ -4,12 +4,12 @@ lockstep behind its ``KVCacheManager`` (``harness.vllm_sched.driver.run_one``).
 Runs follow each other until ``--seconds`` is spent: run ``i`` draws a family of the chosen ones in
 turn, a config of it and the scheduler knobs from ``SeededChoices(Random(seed, i))``, so ``--seed``
 reproduces a run.  Families the real scheduler cannot run on CPU are skipped with a message.  The
-first finding writes the usual report folder (``harness.report.write_report``; its ``trace.json``
+first finding writes the usual report folder (``harness.traces.report.write_report``; its ``trace.json``
 holds ordinary harness operations, reduced on the real manager, so ``kvspec replay`` reproduces it
 on ``--target vllm`` or ``spec``; ``--target vllm-scheduler`` re-drives the real scheduler from the
 run's family and seed, ``replay_scheduler_run``) and exits 1; otherwise a summary (engine steps,
 manager calls per second) and exit 0.
-SIGINT or SIGTERM (``harness.signals``) stops the run before its next engine step: a finding of the
+SIGINT or SIGTERM (``harness.run.signals``) stops the run before its next engine step: a finding of the
 run under way is still written, the summary printed, and the exit status is 130 or 143.
 """
 
@@ -25,16 +25,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.finding import Finding
-from harness.known_bugs import get_known_bug
-from harness.signals import signal_name
+from harness.check.finding import Finding
+from harness.ledger.known_bugs import get_known_bug
+from harness.run.signals import signal_name
 from harness.targets.base import Unsupported
-from harness.trace import Trace
+from harness.traces.trace import Trace
 from harness.vllm_sched.build import SchedKnobs
 from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult
 
 if TYPE_CHECKING:
-    from harness.replay import ReplayResult
+    from harness.traces.replay import ReplayResult
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 TARGET_NAME = "vllm-scheduler"
@@ -43,7 +43,7 @@ TARGET_NAME = "vllm-scheduler"
 def scheduler_families(families: list[str]) -> tuple[list[str], list[str]]:
     """(families the real scheduler runs, the others): every kvspec layout family it supports; with
     all of kvspec's families chosen (``--family all``), also ``connector`` and ``spec_decode``."""
-    from harness.families import FAMILIES
+    from harness.world.families import FAMILIES
 
     runs = [f for f in families if f in SCHED_FAMILIES]
     if set(FAMILIES) <= set(families):
@@ -73,7 +73,7 @@ def finding_trace(
     overrides: Mapping[tuple[str, int], int] | None = None,
 ) -> Trace:
     """The report trace of a run that ended in a finding (or of ``finding`` at ``steps``: a known bug's
-    first meeting, harness.known_bugs); ``overrides``: the draws a reduction replaced."""
+    first meeting, harness.ledger.known_bugs); ``overrides``: the draws a reduction replaced."""
     from harness.targets.vllm import vllm_version
     from harness.vllm_sched.reduce import overrides_to_json
 
@@ -104,11 +104,11 @@ def write_finding(
     """The report of a run that ended in a finding, reduced for up to ``reduce_seconds``: first the
     run itself, re-driving the real scheduler with simpler inputs (``harness.vllm_sched.reduce``;
     call this under the scheduler mutant the run had, if any), then its operations, replayed on the
-    real manager (``harness.reduce``; it keeps only traces the spec accepts as a caller's), then
-    written (``harness.report``)."""
-    from harness.fuzzing import reduce_finding
-    from harness.report import write_report
+    real manager (``harness.traces.reduce``; it keeps only traces the spec accepts as a caller's), then
+    written (``harness.traces.report``)."""
+    from harness.run.fuzzing import reduce_finding
     from harness.targets.vllm import VllmTarget
+    from harness.traces.report import write_report
     from harness.vllm_sched.reduce import reduce_scheduler_run
 
     assert res.finding is not None
@@ -171,10 +171,10 @@ def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) ->
     """``kvspec replay --target vllm-scheduler``: re-drive vLLM's real scheduler from the run's
     recorded inputs (its family and run seed: the driver draws every input from them) for the
     recorded engine steps, the spec in lockstep as in the fuzz; with ``mutant``, under that
-    deliberate scheduler bug.  A ``harness.replay.ReplayResult``: not ok when the run ends in a
+    deliberate scheduler bug.  A ``harness.traces.replay.ReplayResult``: not ok when the run ends in a
     finding (the same one as recorded, or another), ok when the finding is gone."""
-    from harness.reduce import finding_signature
-    from harness.replay import ReplayResult
+    from harness.traces.reduce import finding_signature
+    from harness.traces.replay import ReplayResult
     from harness.vllm_sched.mutants import patched
 
     family, seed, steps, overrides = scheduler_run_of(trace, where)
@@ -214,7 +214,7 @@ def fuzz_scheduler(
     reduce_seconds: float = 10.0,
 ) -> int:
     """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status."""
-    from harness.signals import SIGNALS, Interrupted
+    from harness.run.signals import SIGNALS, Interrupted
 
     def emit(line: str) -> None:
         (say or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
@@ -236,9 +236,9 @@ def _fuzz_scheduler(
     relation: str,
     reduce_seconds: float,
 ) -> int:
-    from harness.report import write_report
-    from harness.signals import SIGNALS
+    from harness.run.signals import SIGNALS
     from harness.targets.vllm import VllmUnavailable, _vllm
+    from harness.traces.report import write_report
 
     try:
         with SIGNALS.armed():

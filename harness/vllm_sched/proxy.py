@@ -5,11 +5,11 @@ every manager call the real vLLM 0.33 ``Scheduler`` makes that can change the ma
 (``get_computed_blocks``, ``allocate_slots``, ``free``, ``cache_blocks``, ``remove_skipped_blocks``,
 ``evict_blocks``, ``reset_prefix_cache``), the proxy first brings kvspec's view of the involved
 ``Request`` up to date with request operations (``AddRequest`` the first time, appended output
-tokens, drafts, ``num_computed_tokens``, ``num_in_flight_tokens``, status: ``harness.ops``), then
+tokens, drafts, ``num_computed_tokens``, ``num_in_flight_tokens``, status: ``harness.core.ops``), then
 makes the real call, then hands the call as a manager operation with the outcome it produced
 (in the JSON form of ``harness/targets/base.py``) to a sink:
 
-- ``LockstepSink``: a ``harness.lockstep.Lockstep`` whose target is ``PassiveVllmTarget``, which
+- ``LockstepSink``: a ``harness.check.lockstep.Lockstep`` whose target is ``PassiveVllmTarget``, which
   makes no call of its own: its ``apply`` returns the outcome the real call produced and its
   ``observe`` is ``VllmTarget.observe`` on the real manager.  The spec runs beside it; the first
   divergence, invariant or ledger problem raises ``FindingError`` as in any lockstep run.
@@ -25,10 +25,10 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from harness import ops as O
-from harness.book import BookRequest, RequestBook
-from harness.lockstep import Lockstep
-from harness.observation import Observation
+from harness.check.lockstep import Lockstep
+from harness.core import ops as O
+from harness.core.book import BookRequest, RequestBook
+from harness.core.observation import Observation
 from harness.targets.base import Unsupported
 from harness.targets.vllm import VllmTarget, _block_ids
 from spec.config import KVCacheConfig
@@ -104,7 +104,7 @@ class ManagerProxy:
         elif self._requests[rid] is not request:
             raise Unsupported(f"request id {rid!r} reused by a different Request object")
         r = self._book.get(rid)
-        # The order kvspec's scheduler model uses (harness/scheduler.py): counts that fall (a step's
+        # The order kvspec's scheduler model uses (harness/world/scheduler.py): counts that fall (a step's
         # output processed, drafts rejected, a preemption) before the appended tokens, counts that
         # grow (a step scheduled) after them; drafts cleared before the step's count grows.
         computed, in_flight = request.num_computed_tokens, request.num_in_flight_tokens
@@ -404,7 +404,7 @@ class LockstepSink:
         self.lockstep.apply(op)
 
     def finish(self) -> None:
-        """The end of the run: a full check if the last operations were glimpsed (``harness.glimpse``)."""
+        """The end of the run: a full check if the last operations were glimpsed (``harness.core.glimpse``)."""
         self.lockstep.finish()
 
     @property
@@ -422,7 +422,7 @@ def install(scheduler: Any, sink: Sink) -> ManagerProxy:
     cls = type(scheduler)
 
     # The end of each phase: every request's changes reach the spec then, as kvspec's scheduler
-    # model emits them (harness/scheduler.py), not only at the request's next manager call.
+    # model emits them (harness/world/scheduler.py), not only at the request's next manager call.
     def _update_after_schedule(scheduler_output: Any) -> None:
         cls._update_after_schedule(scheduler, scheduler_output)
         proxy.sync_ids(scheduler_output.num_scheduled_tokens)

@@ -10,7 +10,7 @@ there (``pyproject.toml``).  With one of these environment variables set, ``regi
   outcome the real manager produced go to a kvspec trace, written atomically every
   ``KVSPEC_RECORD_EVERY`` (1000) operations and at exit; a second scheduler in the same process
   recording to the same path writes ``trace-2.json`` and so on.  ``kvspec replay /path/trace.json --target spec`` (or
-  ``vllm``) checks it offline.  A trace holds at most ``harness.trace.MAX_STEPS`` operations and
+  ``vllm``) checks it offline.  A trace holds at most ``harness.traces.trace.MAX_STEPS`` operations and
   ``MAX_BLOCK_STEPS`` block-steps; recording stops there (said once on the log), the file keeps
   the prefix.
 - ``KVSPEC_SHADOW=1`` (or ``raise``): the spec in lockstep online; the first divergence, invariant
@@ -33,10 +33,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness import ops as O
-from harness.finding import FindingError
+from harness.check.finding import FindingError
+from harness.core import ops as O
 from harness.targets.base import Unsupported
-from harness.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
+from harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
 from harness.vllm_sched.proxy import LockstepSink, install
 from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
@@ -158,7 +158,7 @@ class RecordSink:
     def write(self) -> None:
         if self.written == len(self.steps) and self.path.exists():
             return
-        # The trace's JSON (harness/trace.py's schema) with the steps spliced in as serialised once:
+        # The trace's JSON (harness/traces/trace.py's schema) with the steps spliced in as serialised once:
         # a periodic write costs one join, not a re-serialisation of every step.
         head = trace_to_json(dataclasses.replace(self.trace(), steps=[]))
         head["steps"] = _STEPS
@@ -197,8 +197,8 @@ class ShadowSink(LockstepSink):
         try:
             fn(*args)
         except FindingError as e:
-            from harness.report import write_report
             from harness.targets.vllm import vllm_version
+            from harness.traces.report import write_report
 
             trace = Trace(
                 config=self.config,

@@ -3,11 +3,11 @@
 A scheduler run is its family, its run seed and the world's draws (``harness.vllm_sched.driver``).
 The manager calls it makes are not free to edit: dropping one the scheduler did make can forge the
 very bug being reported (a hash published "before its KV was written" because the write was cut),
-and ``harness.reduce`` rightly refuses such traces.  So the run is reduced where its inputs are:
+and ``harness.traces.reduce`` rightly refuses such traces.  So the run is reduced where its inputs are:
 named draws of the world are replaced by simpler values (no arrival at this step, no abort, no
 reset, no stop token, no remote prefix, no drafts, one output token, no shared prefix, the shortest
 suffix), the real scheduler is driven again from the same seed, and a candidate is kept when the
-run still ends in the same finding (``harness.reduce.same_finding``) with fewer manager operations.
+run still ends in the same finding (``harness.traces.reduce.same_finding``) with fewer manager operations.
 Each replaced draw still consumes the seeded generator as before, so the draws after it keep their
 values.  The overrides are part of the report (``extra.choice_overrides``), and
 ``kvspec replay --target vllm-scheduler`` applies them.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from harness.vllm_sched.driver import RunResult, draw_config, draw_knobs, run_one
-from harness.workload import Choices, SeededChoices
+from harness.world.workload import Choices, SeededChoices
 
 T = TypeVar("T")
 Overrides = dict[tuple[str, int], int]
@@ -153,7 +153,7 @@ class _Reducer:
 
     def attempt(self, changes: Overrides) -> bool:
         """Keep the run with ``changes`` if it ends in the same finding with fewer operations."""
-        from harness.reduce import same_finding
+        from harness.traces.reduce import same_finding
 
         best = self.best
         assert best.finding is not None

@@ -125,7 +125,7 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
     pytest.importorskip("vllm")
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    from harness.mutants_vllm import patched
+    from harness.mutants.vllm import patched
 
     original = KVCacheManager.__dict__["get_computed_blocks"]
     with patched("vllm_hit_cap_num_tokens"):

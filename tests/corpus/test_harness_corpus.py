@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.mutants import resolve_target
-from harness.replay import replay
-from harness.trace import read_trace
+from harness.mutants.registry import resolve_target
+from harness.traces.replay import replay
+from harness.traces.trace import read_trace
 
 CORPUS = sorted(Path(__file__).parent.glob("*.json"))
 TARGETS = [

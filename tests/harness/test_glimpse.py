@@ -1,4 +1,4 @@
-"""Incremental checking (``harness.glimpse``): glimpses agree across targets, a glimpsed step still
+"""Incremental checking (``harness.core.glimpse``): glimpses agree across targets, a glimpsed step still
 catches what it touches, the periodic and end-of-run full checks catch what it does not, and the
 deliberate bugs of the catalogue are still reported with glimpses on."""
 
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from harness import ops as O
-from harness.bench_lockstep import pool_runs
-from harness.finding import FindingError
-from harness.glimpse import ENV, full_check_every, parse_full_check_every
-from harness.lockstep import Lockstep
-from harness.machine import RunStats, make_machine, run_machine
-from harness.mutants import MUTANT_FAMILIES, MUTANTS, make_mutant
-from harness.profiles import profile_settings
+from harness.bench.lockstep import pool_runs
+from harness.check.finding import FindingError
+from harness.check.lockstep import Lockstep
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.core import ops as O
+from harness.core.glimpse import ENV, full_check_every, parse_full_check_every
+from harness.mutants.registry import MUTANT_FAMILIES, MUTANTS, make_mutant
+from harness.run.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from spec import block_pool

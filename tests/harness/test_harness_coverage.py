@@ -4,10 +4,10 @@ one of them fails here instead of silently narrowing the fuzzing."""
 
 import pytest
 
-from harness.families import FAMILIES
-from harness.machine import RunStats, make_machine, run_machine
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
+from harness.world.families import FAMILIES
 
 pytestmark = pytest.mark.statemachine
 

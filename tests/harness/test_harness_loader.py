@@ -50,7 +50,7 @@ def test_bad_target_says_why(fake_module, name, needle):
 
 
 def test_cli_resolves_mutants_from_their_catalogue(capsys):
-    from harness.mutants import resolve_target
+    from harness.mutants.registry import resolve_target
 
     assert resolve_target("mutant:free_order_appended")().name == "mutant:free_order_appended"
     assert resolve_target("mutant:window_off_by_one")().name == "mutant:window_off_by_one"  # an impl mutant
@@ -63,7 +63,7 @@ def test_cli_resolves_mutants_from_their_catalogue(capsys):
 def test_production_registry_does_not_import_the_mutants():
     import subprocess
 
-    code = "import sys, harness.targets as t; t.load_target('spec'); print('harness.mutants' in sys.modules)"
+    code = "import sys, harness.targets as t; t.load_target('spec'); print('harness.mutants.registry' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

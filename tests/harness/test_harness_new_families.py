@@ -20,14 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import ops as O
-from harness.families import FAMILIES, configs, workload_features
-from harness.machine import RunStats, make_machine, run_machine
-from harness.mutants import _patched
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.core import ops as O
+from harness.mutants.registry import _patched
+from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
-from harness.trace import Trace, dumps_trace, trace_from_json
-from harness.workload import embed_row, run_seeded
+from harness.traces.trace import Trace, dumps_trace, trace_from_json
+from harness.world.families import FAMILIES, configs, workload_features
+from harness.world.workload import embed_row, run_seeded
 from spec import kv_cache_manager, slot_allocation
 from spec import request as rq
 from spec.config import AttentionSpec, KVCacheConfig, Profile, cross_attention, full_attention, sliding_window
@@ -207,7 +207,7 @@ def test_trace_of_each_new_family_round_trips(family: str) -> None:
 
 
 class _Buggy(SpecTarget):
-    """The spec target with one patched spec function (as harness.mutants does) or hook."""
+    """The spec target with one patched spec function (as harness.mutants.registry does) or hook."""
 
     patch: tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None
 

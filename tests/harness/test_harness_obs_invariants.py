@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from harness import ops as O
-from harness.obs_invariants import EventLedger, ObsContext, check_observation
+from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
+from harness.core import ops as O
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, full_attention
 

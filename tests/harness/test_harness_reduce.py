@@ -1,15 +1,15 @@
-"""Trace reduction (``harness.reduce``): smaller traces that still end in the same finding."""
+"""Trace reduction (``harness.traces.reduce``): smaller traces that still end in the same finding."""
 
 from pathlib import Path
 
 import pytest
 
-from harness import ops as O
-from harness.lockstep import Finding
-from harness.mutants import make_mutant
-from harness.reduce import reduce_trace, run_ops, same_finding
+from harness.check.lockstep import Finding
+from harness.core import ops as O
+from harness.mutants.registry import make_mutant
 from harness.targets.spec import SpecTarget
-from harness.trace import read_trace
+from harness.traces.reduce import reduce_trace, run_ops, same_finding
+from harness.traces.trace import read_trace
 
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 

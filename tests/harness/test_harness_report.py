@@ -3,10 +3,10 @@
 import subprocess
 import sys
 
-from harness import ops as O
 from harness.cli import main
-from harness.report import draw_token_layout, write_report
-from harness.trace import Trace, read_trace
+from harness.core import ops as O
+from harness.traces.report import draw_token_layout, write_report
+from harness.traces.trace import Trace, read_trace
 from spec.config import KVCacheConfig, full_attention
 
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from harness import ops as O
 from harness.cli import main
-from harness.ops import TraceFormatError
-from harness.trace import Trace, dumps_trace, read_trace, trace_from_json, trace_to_json
+from harness.core import ops as O
+from harness.core.ops import TraceFormatError
+from harness.traces.trace import Trace, dumps_trace, read_trace, trace_from_json, trace_to_json
 from spec.config import KVCacheConfig, full_attention, sliding_window
 
 

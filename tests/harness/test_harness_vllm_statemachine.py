@@ -2,9 +2,9 @@
 
 import pytest
 
-from harness.families import FAMILIES
-from harness.machine import RunStats, make_machine, run_machine
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.run.profiles import profile_settings
+from harness.world.families import FAMILIES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.statemachine]
 

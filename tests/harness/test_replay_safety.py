@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from harness.cli import main
-from harness.mutants import is_builtin_target
+from harness.mutants.registry import is_builtin_target
 
 CORPUS = Path(__file__).parents[1] / "corpus"
 FULL = CORPUS / "cache_drafts.json"  # one full-attention group

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from harness import ops as O
+from harness.check.finding import FindingError
+from harness.check.lockstep import Lockstep
+from harness.check.memory_guard import CHECK_EVERY
 from harness.cli import main
-from harness.finding import FindingError
-from harness.lockstep import Lockstep
-from harness.memory_guard import CHECK_EVERY
-from harness.observation import Observation
+from harness.core import ops as O
+from harness.core.observation import Observation
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, full_attention
 from spec.types import BlockCount, TokenCount
@@ -180,7 +180,7 @@ def test_a_malformed_first_observation_is_a_setup_finding() -> None:
 
 HOSTILE_MODULE = """
 from harness.targets.spec import SpecTarget
-from harness import ops as O
+from harness.core import ops as O
 
 
 class NoHitCount(SpecTarget):

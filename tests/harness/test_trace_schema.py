@@ -1,4 +1,4 @@
-"""The trace schema (harness/trace.py): a bad trace file is exit 2 with a message naming the file and
+"""The trace schema (harness/traces/trace.py): a bad trace file is exit 2 with a message naming the file and
 the JSON path of the bad field, never a traceback, a hang, a silent coercion, or code run.
 
 Two parts: a table of bad inputs, each run through ``kvspec replay`` and ``kvspec report`` in process;
@@ -24,16 +24,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import ops as O
 from harness.cli import main
-from harness.equality import RELATIONS
-from harness.mutants import resolve_target
-from harness.ops import OP_TYPES, TraceFormatError
-from harness.replay import replay
-from harness.report import render_report
+from harness.core import ops as O
+from harness.core.equality import RELATIONS
+from harness.core.ops import OP_TYPES, TraceFormatError
+from harness.mutants.registry import resolve_target
 from harness.targets.spec import SpecTarget
-from harness.trace import MAX_BLOCK_STEPS, Trace, dumps_trace, loads_trace, read_trace, trace_to_json
-from harness.workload import run_seeded
+from harness.traces.replay import replay
+from harness.traces.report import render_report
+from harness.traces.trace import MAX_BLOCK_STEPS, Trace, dumps_trace, loads_trace, read_trace, trace_to_json
+from harness.world.workload import run_seeded
 from spec.config import AttentionSpec, KVCacheConfig, Profile, full_attention, sliding_window
 from spec.request import RequestStatus
 
@@ -304,7 +304,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], bytes], str, tuple[str, ...]]] = [
         'finding.witness.target_after.blocks["1"].ref_cnt: expected an int',
         BOTH,
     ),
-    # A trace never chooses code to run (harness.replay.replay_target); ``report`` runs no target.
+    # A trace never chooses code to run (harness.traces.replay.replay_target); ``report`` runs no target.
     ("target sys:exit (a silent exit 0 before)", _edit(_set("target.name", "sys:exit")), "target 'sys:exit'", REPLAY),
     ("target os:abort (killed replay before)", _edit(_set("target.name", "os:abort")), "target 'os:abort'", REPLAY),
 ]

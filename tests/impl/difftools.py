@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.workload import run_seeded
+from harness.world.workload import run_seeded
 from spec.config import KVCacheConfig
 
 

@@ -242,7 +242,7 @@ def test_hash_chain_is_vllm_sha256_pickle():
 def test_predictor_equals_allocator():
     """For every successful allocate_slots, free blocks consumed == the prediction (step 9)."""
     from harness.targets.impl import ImplTarget
-    from harness.workload import run_seeded
+    from harness.world.workload import run_seeded
     from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
     configs = [

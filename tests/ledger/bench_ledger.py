@@ -3,15 +3,15 @@
     .venv/bin/python tests/ledger/bench_ledger.py [--seeds 5] [--actions 300] [--target vllm]
     .venv/bin/python tests/ledger/bench_ledger.py --cost [--examples 10] [--target vllm]
 
-Each row runs the one workload (``harness.workload.run_seeded``) on the same seeds, once wrapped in
-the ledger (``harness.ledger.LedgerCheckTarget``) and once in the oracle
-(``harness.oracle.KVCheckTarget``), and prints the first seed that is caught, the operations and the
+Each row runs the one workload (``harness.world.workload.run_seeded``) on the same seeds, once wrapped in
+the ledger (``harness.ledger.checker.LedgerCheckTarget``) and once in the oracle
+(``harness.oracle.target.KVCheckTarget``), and prints the first seed that is caught, the operations and the
 seconds (target included) until it is caught.  The impl mutants run on ``impl``; the three vLLM 0.33
 candidate bugs run on ``--target`` (vllm, spec or impl: all three share the bugs), the oracle told
 not to recognise known bugs (``known_bugs=False``) so that it reports their wrong numbers.  No
 timing is asserted anywhere; this only prints.
 
-``--cost`` runs the fuzzing state machine (``harness.machine``, every family; known bugs are
+``--cost`` runs the fuzzing state machine (``harness.check.machine``, every family; known bugs are
 counted, not failing) with the ledger on and off, same seeds, and prints steps/s both ways and the
 ledger's own time per operation.
 """
@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ledger_cases import is_known_vllm_trigger  # noqa: E402
 
-from harness.ledger import LedgerCheckTarget  # noqa: E402
-from harness.ledger_finding import LedgerMismatch  # noqa: E402
-from harness.mutants_impl import make_mutant_target  # noqa: E402
-from harness.oracle import KVCheckTarget, KVMismatch  # noqa: E402
+from harness.ledger.checker import LedgerCheckTarget  # noqa: E402
+from harness.ledger.finding import LedgerMismatch  # noqa: E402
+from harness.mutants.impl import make_mutant_target  # noqa: E402
+from harness.oracle.target import KVCheckTarget, KVMismatch  # noqa: E402
 from harness.targets import target_factory  # noqa: E402
-from harness.workload import run_seeded  # noqa: E402
+from harness.world.workload import run_seeded  # noqa: E402
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window  # noqa: E402
 
 FULL = KVCacheConfig(24, (full_attention(4),), 120)
@@ -91,10 +91,10 @@ def row(name: str, make: Callable[[], Any], config: KVCacheConfig, seeds: int, a
 def cost(target: str, examples: int) -> None:
     import os
 
-    from harness import ledger
-    from harness.families import FAMILIES
-    from harness.machine import RunStats, make_machine, run_machine
-    from harness.profiles import profile_settings
+    from harness.check.machine import RunStats, make_machine, run_machine
+    from harness.ledger import checker as ledger
+    from harness.run.profiles import profile_settings
+    from harness.world.families import FAMILIES
 
     spent = [0.0, 0]
     check = ledger.LedgerChecker.check

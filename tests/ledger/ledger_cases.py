@@ -1,7 +1,7 @@
 """Shared pieces of the ledger tests: hand-written op sequences, a seeded driver, the known triggers.
 
-``drive`` runs the one workload (``harness.workload.run_seeded``) on a target wrapped in the ledger
-(``harness.ledger.LedgerCheckTarget``) and stops at the first ``LedgerMismatch``.  The workload
+``drive`` runs the one workload (``harness.world.workload.run_seeded``) on a target wrapped in the ledger
+(``harness.ledger.checker.LedgerCheckTarget``) and stops at the first ``LedgerMismatch``.  The workload
 generates the three vLLM 0.33 trigger paths of docs/findings.md (nothing steers around them), which
 ``is_known_vllm_trigger`` recognises from a finding's stable signature.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness import ops as O
-from harness.ledger import LedgerCheckTarget
-from harness.ledger_finding import LedgerFinding, LedgerMismatch, match_vllm_033_candidate
+from harness.core import ops as O
+from harness.ledger.checker import LedgerCheckTarget
+from harness.ledger.finding import LedgerFinding, LedgerMismatch, match_vllm_033_candidate
 from harness.targets.base import Unsupported
-from harness.workload import run_seeded
+from harness.world.workload import run_seeded
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
 # --- the three candidate vLLM 0.33 bugs of docs/findings.md, as op sequences -------------------------

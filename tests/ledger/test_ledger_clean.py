@@ -1,5 +1,5 @@
 """The unmutated managers pass the ledger: on seeded workload runs over every layout each finding is
-one of the three vLLM 0.33 candidate bugs of docs/findings.md (harness.known_bugs), which the spec
+one of the three vLLM 0.33 candidate bugs of docs/findings.md (harness.ledger.known_bugs), which the spec
 and ``impl`` model; the Hypothesis state machine (ledger on by default, known bugs counted) agrees."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from ledger_cases import drive, is_known_vllm_trigger
 
-from harness.families import FAMILIES
-from harness.machine import RunStats, make_machine, run_machine
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.run.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
+from harness.world.families import FAMILIES
 from spec.config import KVCacheConfig, chunked_local, cross_attention, full_attention, sliding_window
 
 FULL = KVCacheConfig(24, (full_attention(4),), 120)

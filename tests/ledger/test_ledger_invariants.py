@@ -15,10 +15,10 @@ from ledger_cases import (
     replay_ops,
 )
 
-from harness import ops as O
-from harness.mutants import resolve_target
-from harness.mutants_impl import make_mutant_target
-from harness.observation import Observation
+from harness.core import ops as O
+from harness.core.observation import Observation
+from harness.mutants.impl import make_mutant_target
+from harness.mutants.registry import resolve_target
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, cross_attention, full_attention

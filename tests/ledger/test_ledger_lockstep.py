@@ -1,4 +1,4 @@
-"""The ledger inside ``harness.lockstep`` (on by default): a ``kv-ledger`` finding with a stable,
+"""The ledger inside ``harness.check.lockstep`` (on by default): a ``kv-ledger`` finding with a stable,
 matchable description, rendered and replayed like any other; ``--no-ledger`` turns it off."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from ledger_cases import CANDIDATES, FULL_LOAD, FULL_LOAD_OPS
 
+from harness.check.lockstep import FindingError, Lockstep
 from harness.cli import _parser
-from harness.ledger_finding import match_vllm_033_candidate
-from harness.lockstep import FindingError, Lockstep
-from harness.replay import replay
-from harness.report import render_report, write_report
+from harness.ledger.finding import match_vllm_033_candidate
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
-from harness.trace import Trace, read_trace
+from harness.traces.replay import replay
+from harness.traces.report import render_report, write_report
+from harness.traces.trace import Trace, read_trace
 
 
 def run_lockstep(ops, config, target, **kw):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from ledger_cases import DriveResult, drive, is_known_vllm_trigger
 
-from harness.mutants_impl import MUTANTS, make_mutant_target
+from harness.mutants.impl import MUTANTS, make_mutant_target
 from harness.targets.impl import ImplTarget
 from spec.config import KVCacheConfig, full_attention, sliding_window
 

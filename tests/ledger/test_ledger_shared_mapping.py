@@ -1,4 +1,4 @@
-"""The op -> KV-event mapping (``harness.kv_schedule``) is one, and both consumers read it alike:
+"""The op -> KV-event mapping (``harness.ledger.schedule``) is one, and both consumers read it alike:
 the torch oracle and the ledger agree on the paths where the token of a computed position is not
 known yet (async scheduling) and on window hits that come back as fresh blocks."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ledger_cases import replay_ops
 
-from harness import ops as O
-from harness.kv_schedule import get_fresh_blocks
-from harness.observation import Observation
-from harness.oracle import KVCheckTarget
+from harness.core import ops as O
+from harness.core.observation import Observation
+from harness.ledger.schedule import get_fresh_blocks
+from harness.oracle.target import KVCheckTarget
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, full_attention
 

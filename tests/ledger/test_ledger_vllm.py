@@ -19,10 +19,10 @@ from ledger_cases import (
     replay_ops,
 )
 
-from harness.families import FAMILIES
-from harness.lockstep import FindingError, Lockstep
-from harness.machine import RunStats, make_machine, run_machine
-from harness.profiles import profile_settings
+from harness.check.lockstep import FindingError, Lockstep
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.run.profiles import profile_settings
+from harness.world.families import FAMILIES
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
 pytestmark = pytest.mark.vllm
@@ -110,7 +110,7 @@ def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family):
         pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
 
 
-# --- the proposed fixes (harness/fixes_vllm.py, ``--target vllm-fixed``) ------------------------------
+# --- the proposed fixes (harness/mutants/fixes_vllm.py, ``--target vllm-fixed``) ------------------------------
 
 SWA_LOAD = KVCacheConfig(20, (sliding_window(4, 7),), 40)
 SWA_LOAD_OPS = full_remote_load_ops(tuple(range(1, 15)), hit=0)  # P=14: (P - W + 1) % B == 0, K1's condition
@@ -128,7 +128,7 @@ def _run(target, config, ops, relation):
     "config, ops", [(FULL_LOAD, FULL_LOAD_OPS), (SWA_LOAD, SWA_LOAD_OPS)], ids=["chunked", "window"]
 )
 def test_k1_fix_removes_the_null_read_and_still_releases_the_window(vllm_factory, config, ops):
-    from harness.fixes_vllm import FixedVllmTarget
+    from harness.mutants.fixes_vllm import FixedVllmTarget
 
     with pytest.raises(FindingError) as e:  # control: vLLM 0.33 as released
         _run(vllm_factory(), config, ops, "invariants")
@@ -139,7 +139,7 @@ def test_k1_fix_removes_the_null_read_and_still_releases_the_window(vllm_factory
 
 
 def test_k3_fix_refuses_the_config(vllm_factory):
-    from harness.fixes_vllm import FixedVllmTarget
+    from harness.mutants.fixes_vllm import FixedVllmTarget
     from harness.targets.base import Unsupported
 
     with pytest.raises(Unsupported, match="not a multiple"):

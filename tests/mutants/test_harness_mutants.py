@@ -2,9 +2,9 @@
 
 import pytest
 
-from harness.machine import RunStats, make_machine, run_machine
-from harness.mutants import MUTANT_FAMILIES, MUTANTS, make_mutant
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.mutants.registry import MUTANT_FAMILIES, MUTANTS, make_mutant
+from harness.run.profiles import profile_settings
 
 pytestmark = pytest.mark.mutant
 

@@ -4,7 +4,7 @@
 
 Prints, per family, the oracle's own time per operation and per model run (inner target and
 observations reported apart), and for each mutant the fraction of seeded workload runs
-(``harness.workload.run_seeded``) in which the oracle alone catches it and the
+(``harness.world.workload.run_seeded``) in which the oracle alone catches it and the
 median number of operations to the first finding.
 """
 
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from configs_oracle import ALL, FAMILIES  # noqa: E402
 from oracle_drive import drive  # noqa: E402
 
-from harness.mutants_impl import MUTANTS, make_mutant_target  # noqa: E402
-from harness.oracle import KVCheckTarget  # noqa: E402
+from harness.mutants.impl import MUTANTS, make_mutant_target  # noqa: E402
+from harness.oracle.target import KVCheckTarget  # noqa: E402
 from harness.targets.impl import ImplTarget  # noqa: E402
 
 

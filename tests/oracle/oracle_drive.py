@@ -1,4 +1,4 @@
-"""Drive a target (usually a ``KVCheckTarget``) through the one workload, ``harness.workload.run_seeded``.
+"""Drive a target (usually a ``KVCheckTarget``) through the one workload, ``harness.world.workload.run_seeded``.
 
 Every oracle test and the oracle benchmark use this: the scheduler-faithful workload the
 Hypothesis state machine runs, here chosen by a seeded RNG.  Nothing steers around the known
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.oracle import KVFinding, KVMismatch
+from harness.oracle.target import KVFinding, KVMismatch
 from harness.targets.base import Unsupported
-from harness.workload import run_seeded
+from harness.world.workload import run_seeded
 from spec.config import KVCacheConfig
 
 

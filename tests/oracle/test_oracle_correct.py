@@ -1,7 +1,7 @@
 """The KV-content oracle passes on correct managers, and it really checks something.
 
 A correct manager (kvspec's ``impl`` allocator, the spec itself) must never produce a KV mismatch
-on the seeded workload (``harness.workload.run_seeded``: same-step hits, async P/D loads and load
+on the seeded workload (``harness.world.workload.run_seeded``: same-step hits, async P/D loads and load
 failures, drafts and pad_spec_decode, preemption) in every decoder family; the stats show that
 model runs, prefix-hit checks, connector loads and poisoning all happened on the way.
 """
@@ -15,9 +15,9 @@ import torch
 from configs_oracle import ALL, FAMILIES
 from oracle_drive import drive
 
-from harness import ops as O
-from harness.observation import Observation
-from harness.oracle import KVCheckTarget, dense_reference
+from harness.core import ops as O
+from harness.core.observation import Observation
+from harness.oracle.target import KVCheckTarget, dense_reference
 from harness.targets.base import Target, Unsupported
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
@@ -125,7 +125,7 @@ def test_lora_and_multimodal_change_the_numbers():
 
 
 def test_finding_renders_as_json_and_markdown():
-    from harness.mutants_impl import make_mutant_target
+    from harness.mutants.impl import make_mutant_target
 
     config = FAMILIES["sliding_window"][0]
     r = drive(KVCheckTarget(make_mutant_target("window_off_by_one"), device="cpu"), config, 0, ACTIONS)

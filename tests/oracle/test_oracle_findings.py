@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ops as O
-from harness.oracle import KVCheckTarget, KVMismatch
+from harness.core import ops as O
+from harness.oracle.target import KVCheckTarget, KVMismatch
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, chunked_local, sliding_window
@@ -75,7 +75,7 @@ def test_sliding_window_recompute_after_invalid_block(inner):
     "config, ops, bug", [(CHUNKED, CHUNKED_OPS, "K3"), (SWA, SWA_OPS, "K2")], ids=["chunk", "window-recovery"]
 )
 def test_by_default_the_oracle_recognises_them_as_known_bugs(config, ops, bug):
-    """Its own ledger names the known bug (harness.known_bugs) at the operation that reads the nulls,
+    """Its own ledger names the known bug (harness.ledger.known_bugs) at the operation that reads the nulls,
     before the numbers are compared: counted, checking stopped for the run, the outcome passed on."""
     t = KVCheckTarget(ImplTarget(), device="cpu")
     t.reset(config)

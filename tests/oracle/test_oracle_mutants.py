@@ -1,6 +1,6 @@
 """Each deliberate allocator bug is caught by the KV-content oracle alone (no spec comparison).
 
-For every mutant the seeded workload runs (``harness.workload.run_seeded``) are
+For every mutant the seeded workload runs (``harness.world.workload.run_seeded``) are
 scanned in seed order until the oracle raises; the test asserts it does within a bounded number of
 runs, that the finding is of the kind the bug must produce, and that the correct allocator passes
 the very same run (so the bug, not the workload, caused it).  ``bench_oracle.py`` prints the runs /
@@ -13,8 +13,8 @@ import pytest
 from configs_oracle import FAMILIES
 from oracle_drive import TraceResult, drive
 
-from harness.mutants_impl import MUTANTS, make_mutant_target
-from harness.oracle import KVCheckTarget
+from harness.mutants.impl import MUTANTS, make_mutant_target
+from harness.oracle.target import KVCheckTarget
 from harness.targets.impl import ImplTarget
 from spec.config import KVCacheConfig
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from harness import ops as O
-from harness.mutants_impl import make_mutant_target
-from harness.observation import Observation
-from harness.oracle import KVCheckTarget, KVMismatch
+from harness.core import ops as O
+from harness.core.observation import Observation
+from harness.mutants.impl import make_mutant_target
+from harness.oracle.target import KVCheckTarget, KVMismatch
 from spec.config import KVCacheConfig, full_attention
 
 A = tuple(range(10, 20))  # 10 tokens: blocks of 4 -> 2 full blocks + 2 tokens

@@ -7,7 +7,7 @@ from configs_oracle import FAMILIES
 from oracle_drive import drive
 from test_oracle_findings import CHUNKED, CHUNKED_OPS, SWA, SWA_OPS, replay
 
-from harness.oracle import KVCheckTarget
+from harness.oracle.target import KVCheckTarget
 
 pytestmark = pytest.mark.vllm
 

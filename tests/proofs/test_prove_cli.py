@@ -9,7 +9,7 @@ import pytest
 
 import harness.proofs as proofs
 from harness.proofs import UNKNOWN, Claim, Outcome, prove_main
-from harness.trace import read_trace
+from harness.traces.trace import read_trace
 from spec import arith
 
 pytestmark = pytest.mark.proof

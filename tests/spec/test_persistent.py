@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.families import FAMILIES
-from harness.machine import RunStats, make_machine, run_machine
-from harness.profiles import profile_settings
+from harness.check.machine import RunStats, make_machine, run_machine
+from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
+from harness.world.families import FAMILIES
 from spec.persistent import CHUNK, LinkedQueue, PMap, PVec, queue_push, vec_changed, vec_set
 
 SIZES = st.sampled_from([1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 3, 3 * CHUNK + 1])

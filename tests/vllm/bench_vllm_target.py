@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.ops import AddRequest, AllocateSlots, AppendOutputTokens, Free, GetComputedBlocks, Op, SetNumComputedTokens
+from harness.core.ops import (
+    AddRequest,
+    AllocateSlots,
+    AppendOutputTokens,
+    Free,
+    GetComputedBlocks,
+    Op,
+    SetNumComputedTokens,
+)
 from spec.config import KVCacheConfig, full_attention
 
 

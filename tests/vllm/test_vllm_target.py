@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.observation import Observation  # noqa: E402
-from harness.ops import (  # noqa: E402
+from harness.core.observation import Observation  # noqa: E402
+from harness.core.ops import (  # noqa: E402
     AddRequest,
     AllocateSlots,
     AppendOutputTokens,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ops as O
-from harness.scheduler import Scheduler
+from harness.core import ops as O
+from harness.world.scheduler import Scheduler
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 

@@ -80,12 +80,12 @@ def test_fuzz_scheduler_deadline_is_kept(tmp_path: Path) -> None:
 def test_window_load_failures_reach_known_bug_k2(monkeypatch) -> None:
     """Nothing steers around it: failed KV loads under a sliding window reproduce K2 (docs/upstream/,
     invalid-block recovery recomputes from positions whose blocks were dropped) through the real
-    scheduler.  The ledger recognises it (harness.known_bugs): counted by default, a finding with
+    scheduler.  The ledger recognises it (harness.ledger.known_bugs): counted by default, a finding with
     ``KVSPEC_STRICT_KNOWN=1``."""
     import random
 
     from harness.vllm_sched.driver import draw_config, draw_knobs, run_one
-    from harness.workload import SeededChoices
+    from harness.world.workload import SeededChoices
 
     def run() -> Any:
         ch = SeededChoices(random.Random(run_seed(0, 7)))
@@ -104,12 +104,12 @@ def test_window_load_failures_reach_known_bug_k2(monkeypatch) -> None:
 
 
 def test_hypothesis_drives_the_real_scheduler() -> None:
-    """The driver takes any ``Choices``: Hypothesis draws (harness.machine.DrawChoices) work too, and a
+    """The driver takes any ``Choices``: Hypothesis draws (harness.check.machine.DrawChoices) work too, and a
     scheduler bug found that way fails the property."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
-    from harness.machine import DrawChoices
+    from harness.check.machine import DrawChoices
     from harness.vllm_sched.driver import draw_config, draw_knobs, run_one
     from harness.vllm_sched.mutants import patched
 

@@ -40,7 +40,7 @@ def test_scheduler_mutant_caught_and_control_clean(name: str) -> None:
 
 
 def test_manager_mutant_caught_through_real_scheduler() -> None:
-    from harness import mutants_vllm
+    from harness.mutants import vllm as mutants_vllm
 
     with mutants_vllm.patched("vllm_free_order_appended"):
         i, res = _first_finding("full", None)
@@ -56,7 +56,7 @@ def test_unknown_mutant_is_a_clear_error() -> None:
 
 def test_report_of_a_finding_replays(tmp_path: Path) -> None:
     from harness.cli import main
-    from harness.report import write_report
+    from harness.traces.report import write_report
 
     with patched("computed_kept_on_preempt"):
         i, res = _first_finding("full", "computed_kept_on_preempt")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import ops as O
+from harness.core import ops as O
 from harness.pd.instance import make_config
 
 PROMPT_BLOCKS = (8, 64, 256, 768)

@@ -1,0 +1,9 @@
+"""Benchmarks that print figures: ``python -m harness.bench allocator|lockstep|attention``.
+
+- ``allocator``: kvspec's impl allocator against vLLM's manager and the spec (and the command line);
+- ``lockstep``: where a lockstep step's time goes, and whether it grows with the pool;
+- ``workers``: the speed-up of ``kvspec fuzz --workers N``.
+
+Imports: harness, harness.core, harness.world, harness.targets, harness.ledger, harness.oracle,
+harness.mutants, harness.check, harness.traces, harness.run, spec, impl.
+"""

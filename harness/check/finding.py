@@ -1,0 +1,113 @@
+"""What a lockstep run reports: the ``Finding`` (step, operation, both outcomes, message, witness),
+the exception that carries it, the per-step timeout on target calls, and observations as witness JSON."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.core.observation import Observation
+
+
+@dataclass
+class Finding:
+    # divergence | invariant | kv-ledger | kv-mismatch | target-raised | target-hung |
+    # target-malformed (an outcome or observation not in its documented form, harness.targets.outcome_schema) |
+    # target-memory (MemoryError, or growth past KVSPEC_TARGET_MEMORY_MB, harness.check.memory_guard) |
+    # reference-raised | reference-invariant
+    kind: str
+    step: int | None
+    message: str
+    op: dict[str, Any] | None = None
+    expected: Any = None
+    actual: Any = None
+    invariant: str | None = None
+    blocks: list[int] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    witness: dict[str, Any] = field(default_factory=dict)
+    traceback: str | None = None
+    kv: dict[str, Any] | None = None  # a KV-content mismatch (harness.oracle.target.KVFinding.to_json())
+    kv_markdown: str | None = None  # its "KV contents" (or "KV ledger") report section
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "setup"
+        opname = f" ({self.op['op']})" if self.op else ""
+        return f"{self.kind} at {where}{opname}: {self.message}"
+
+
+class FindingError(AssertionError):
+    """Raised at the first problem; Hypothesis shrinks on it."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.summary())
+        self.finding = finding
+
+
+class StepTimeout(BaseException):
+    """The target did not return within the per-step timeout (BaseException: targets' broad
+    ``except Exception`` must not swallow it)."""
+
+
+def call_with_timeout(fn: Any, timeout: float | None, *args: Any) -> Any:
+    """Run ``fn(*args)``; raise ``StepTimeout`` after ``timeout`` seconds.
+
+    In the main thread a real-time interval timer interrupts the call (cheap: two system calls);
+    elsewhere the call runs in a daemon thread that is abandoned if it hangs.
+    """
+    if not timeout:
+        return fn(*args)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise StepTimeout()
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise StepTimeout()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def obs_to_json(obs: Observation, blocks: set[int] | None = None, requests: set[str] | None = None) -> dict[str, Any]:
+    """An observation (or the part about ``blocks`` / ``requests``) in JSON form, for witnesses."""
+    pos = {b: i for i, b in enumerate(obs.free_queue)}
+    bset = set(range(obs.num_blocks)) if blocks is None else {b for b in blocks if 0 <= b < obs.num_blocks}
+    return {
+        "tables": [{r: list(t) for r, t in g.items() if requests is None or r in requests} for g in obs.tables],
+        "num_cached_block": [
+            {r: n for r, n in g.items() if requests is None or r in requests} for g in obs.num_cached_block
+        ],
+        "blocks": {
+            str(b): {
+                "ref_cnt": obs.ref_cnt[b],
+                "hash": None if obs.block_key[b] is None else obs.block_key[b].hex(),  # type: ignore[union-attr]
+                "free_pos": pos.get(b),
+            }
+            for b in sorted(bset)
+        },
+        "free_queue": list(obs.free_queue),
+        "num_hashes": {r: len(h) for r, h in obs.request_block_hashes.items() if requests is None or r in requests},
+    }

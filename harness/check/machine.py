@@ -1,0 +1,344 @@
+"""The rule-based Hypothesis state machine: a faithful vLLM 0.33 scheduler driving the spec and a
+target in lockstep (``harness.check.lockstep``), stopping at the first divergence or broken invariant.
+
+Each rule is one scheduler action (a request arrives, an engine step, a request finishes or is
+aborted, a remote KV load arrives, a prefix-cache reset, an event drain) and emits one or more
+``harness.core.ops`` operations: the rules are the shared workload's actions (``harness.world.workload``),
+with Hypothesis draws as the world's choices.  ``make_machine`` builds one machine class
+per (family, target, relation) so that each has its own example-database key: CI re-tries the past
+failures of exactly that combination first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hypothesis import assume, settings
+from hypothesis import strategies as st
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+
+from harness.check.lockstep import Finding, FindingError, Lockstep
+from harness.core import ops as O
+from harness.targets.base import Target, Unsupported
+from harness.world.families import configs, near_points, workload_features
+from harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
+from spec.config import KVCacheConfig
+
+T = TypeVar("T")
+ACTION_BY_NAME = {a.name: a for a in ACTIONS}
+
+
+@dataclass
+class RunStats:
+    """Shared by all examples of one fuzzing campaign (rule and operation coverage, speed)."""
+
+    examples: int = 0
+    steps: int = 0  # operations applied
+    rules: Counter[str] = field(default_factory=Counter)  # family:rule -> times run
+    events: Counter[str] = field(default_factory=Counter)  # family:what the scheduler did -> times
+    ops: Counter[str] = field(default_factory=Counter)
+    unsupported: Counter[str] = field(default_factory=Counter)
+    skipped: dict[str, str] = field(default_factory=dict)  # family -> why the target models none of it
+    finding: Finding | None = None
+    finding_steps: list[tuple[O.Op, Any]] = field(default_factory=list)
+    finding_config: KVCacheConfig | None = None
+    target_version: str = ""
+    started: float = 0.0  # time.monotonic() when the campaign started
+    first_finding_after: float | None = None  # seconds to the first failing example (before shrinking)
+    known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
+    known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig]] = field(default_factory=dict)
+    # The shortest failing trace recorded so far (shrinking keeps improving it): what an interrupted
+    # run reports (``harness.run.fuzzing``).
+    best: tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig] | None = None
+    deadline: float | None = None  # time.monotonic() by which shrinking must be over (``kvspec fuzz --seconds``)
+    shrink_share: float = 1.0  # the share of the time left before ``deadline`` that shrinking may take
+    on_finding: Callable[[Finding, int], None] | None = None  # called at the first finding, with the shrink bound
+    poll: Callable[[], None] | None = None  # called before every operation; raises to stop (a signal came)
+
+
+def _record_finding(
+    stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig
+) -> None:
+    """Keep ``finding`` as the latest (what Hypothesis' final replay of the shrunk example leaves) and,
+    when no longer than the best so far, as the best; the first one caps shrinking (``_cap_shrinking``)."""
+    first = stats.finding is None
+    if stats.first_finding_after is None:
+        stats.first_finding_after = time.monotonic() - stats.started
+    stats.finding, stats.finding_steps, stats.finding_config = finding, steps, config
+    if stats.best is None or len(steps) <= len(stats.best[1]):
+        stats.best = (finding, steps, config)
+    if first:
+        bound = _cap_shrinking(stats)
+        if stats.on_finding is not None:
+            stats.on_finding(finding, bound)
+
+
+def _cap_shrinking(stats: RunStats) -> int:
+    """Hypothesis starts shrinking right after the first failing example and reads its bound
+    (``MAX_SHRINKING_SECONDS``, set by ``_run``) then: cut it to ``stats.shrink_share`` of the time left
+    before ``stats.deadline`` (rounded up to whole seconds); return the bound."""
+    from hypothesis.internal.conjecture import engine
+
+    if stats.deadline is not None:
+        left = max(0.0, stats.deadline - time.monotonic()) * stats.shrink_share
+        engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, math.ceil(left))
+    return engine.MAX_SHRINKING_SECONDS
+
+
+def _when(name: str) -> Callable[[Any], bool]:
+    """The precondition of the rule performing workload action ``name``."""
+    action = ACTION_BY_NAME[name]
+    return lambda machine: machine.workload is not None and action.enabled(machine.workload)
+
+
+class DrawChoices:
+    """``harness.world.workload.Choices`` backed by Hypothesis draws (so choices shrink)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data.conjecture_data
+
+    def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int:
+        if hi <= lo:
+            return lo
+        points = near_points(boundary, lo, hi) if boundary else ()
+        if points and not self.data.draw_boolean():  # half of the time near a multiple (shrinks there)
+            return int(points[self._index(len(points))])
+        return int(self.data.draw_integer(lo, hi))
+
+    def boolean(self, label: str) -> bool:
+        return bool(self.data.draw_boolean())
+
+    def token(self, label: str) -> int:
+        return ALPHABET[self._index(len(ALPHABET))]
+
+    def tokens(self, n: int, label: str) -> tuple[int, ...]:
+        return tuple(ALPHABET[self._index(len(ALPHABET))] for _ in range(n))
+
+    def choice(self, options: Sequence[T], label: str) -> T:
+        return options[self._index(len(options))]
+
+    def _index(self, n: int) -> int:
+        assert n > 0, "a choice among no options"
+        return int(self.data.draw_integer(0, n - 1)) if n > 1 else 0
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Configured by ``make_machine``: ``family``, ``target_factory``, ``relation``, ``stats``.
+
+    Each rule performs one action of the shared workload (``harness.world.workload``) with Hypothesis
+    draws as its choices; the workload's scheduler emits operations into ``Lockstep``."""
+
+    family = "full"
+    target_factory: Callable[[], Target]
+    relation = "exact"
+    stats: RunStats
+    step_timeout: float | None = 10.0
+    kv_check = False  # the target is wrapped in the KV-content oracle
+    reset_unsupported: str | None = None  # the target's last Unsupported at reset (why)
+    resets_ok = 0  # resets the target accepted (a family with none is skipped)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ls: Lockstep | None = None
+        self.workload: Workload | None = None
+        self.found = False  # this example raised a finding (no end-of-run check then)
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _emit(self, op: O.Op) -> Any:
+        assert self.ls is not None
+        if self.stats.poll is not None:
+            self.stats.poll()  # a KeyboardInterrupt: Hypothesis stops at once, even while shrinking
+        self.stats.steps += 1
+        return self._lockstep_call(self.ls.apply, op)
+
+    def _lockstep_call(self, fn: Callable[..., Any], *args: Any, at_reset: bool = False) -> Any:
+        """An example the target cannot model is discarded (at reset, the reason is kept for
+        ``run_machine``); a finding is recorded and raised."""
+        try:
+            return fn(*args)
+        except Unsupported as e:
+            self.stats.unsupported[str(e)[:80]] += 1
+            if at_reset:
+                type(self).reset_unsupported = str(e)
+            assume(False)
+        except FindingError as e:
+            self.found = True
+            self._record(e.finding)
+            raise
+
+    def _record(self, finding: Finding) -> None:
+        assert self.ls is not None
+        _record_finding(self.stats, finding, list(self.ls.steps), self.ls.config)
+
+    def _new_target(self, config: KVCacheConfig) -> Target:
+        """A fresh target; a factory that raises (even ``SystemExit``) is a ``target-raised`` finding at setup."""
+        try:
+            return type(self).target_factory()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit from a user's factory must not end kvspec
+            finding = Finding(
+                "target-raised",
+                None,
+                f"the target factory raised {type(e).__name__}: {e}",
+                traceback=traceback.format_exc(),
+            )
+            _record_finding(self.stats, finding, [], config)
+            raise FindingError(finding) from None
+
+    def _table(self, rid: str) -> tuple[int, ...]:
+        assert self.ls is not None and self.ls.tgt_obs is not None
+        return self.ls.tgt_obs.tables[0].get(rid, ())
+
+    def _act(self, data: Any, name: str) -> None:
+        assert self.workload is not None
+        self.stats.rules[f"{self.family}:{name}"] += 1
+        self.workload.run(name, DrawChoices(data))
+
+    # --- rules ---------------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def setup(self, data: Any) -> None:
+        if self.stats.poll is not None:
+            self.stats.poll()
+        config = data.draw(configs(self.family), label="config")
+        features = workload_features(self.family)
+        if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
+            config = dataclasses.replace(
+                config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark")
+            )
+        ch = DrawChoices(data)
+        sc = draw_sched_config(ch, config, features=features)
+        target = self._new_target(config)
+        self.stats.target_version = str(getattr(target, "version", ""))
+        self.ls = Lockstep(config, target, self.relation, self.step_timeout)
+        self._lockstep_call(self.ls.start, at_reset=True)
+        type(self).resets_ok += 1
+        self.stats.examples += 1
+        self.workload = Workload(config, sc, self._emit, self._table, ch)
+        if self.ls.ref is not None:  # what an async load's admission sets aside, on the reference state
+            self.workload.sched.load_reservation = self.ls.ref.load_reservation
+
+    @precondition(_when("add_request"))
+    @rule(data=st.data())
+    def add_request(self, data: Any) -> None:
+        self._act(data, "add_request")
+
+    @precondition(_when("step"))
+    @rule(data=st.data())
+    def step(self, data: Any) -> None:
+        self._act(data, "step")
+
+    # Engine steps dominate real traffic: Hypothesis picks rules uniformly, so the step rule
+    # appears three times.
+    step_again = step
+    step_once_more = step
+
+    @precondition(_when("finish"))
+    @rule(data=st.data())
+    def finish(self, data: Any) -> None:
+        self._act(data, "finish")
+
+    @precondition(_when("abort"))
+    @rule(data=st.data())
+    def abort(self, data: Any) -> None:
+        self._act(data, "abort")
+
+    @precondition(_when("kv_arrives"))
+    @rule(data=st.data())
+    def kv_arrives(self, data: Any) -> None:
+        self._act(data, "kv_arrives")
+
+    @precondition(_when("reset_prefix_cache"))
+    @rule(data=st.data())
+    def reset_prefix_cache(self, data: Any) -> None:
+        self._act(data, "reset_prefix_cache")
+
+    def teardown(self) -> None:
+        try:
+            if self.ls is not None and not self.found:
+                # A full check if the last steps were glimpsed (large pools, harness.core.glimpse).
+                self._lockstep_call(self.ls.finish)
+        finally:
+            self._count_run()
+
+    def _count_run(self) -> None:
+        if self.workload is not None:
+            for name, n in (self.workload.sched.counts + self.workload.counts).items():
+                self.stats.events[f"{self.family}:{name}"] += n
+        if self.ls is not None:
+            self.stats.ops.update(self.ls.op_counts)
+            self.stats.known.update(self.ls.known_hits)
+            for bug_id, (finding, steps) in self.ls.known_first.items():
+                self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
+
+def make_machine(
+    family: str,
+    target_factory: Callable[[], Target],
+    target_name: str,
+    relation: str,
+    stats: RunStats,
+    step_timeout: float | None = 10.0,
+    kv_check: bool = False,
+) -> type[KVMachine]:
+    name = f"KVMachine_{family}_{target_name.replace(':', '_').replace('.', '_')}_{relation}{'_kv' if kv_check else ''}"
+    attrs = {
+        "family": family,
+        "target_factory": staticmethod(target_factory),
+        "relation": relation,
+        "stats": stats,
+        "step_timeout": step_timeout,
+        "kv_check": kv_check,
+    }
+    cls = type(name, (KVMachine,), attrs)
+    return cls
+
+
+def run_machine(
+    cls: type[KVMachine], hyp_settings: settings, seed: int | None = None, shrink_seconds: int = 60
+) -> None:
+    """Run the machine as one Hypothesis test; raises (after shrinking) on a finding.
+
+    Shrinking is bounded by ``shrink_seconds`` (Hypothesis' own bound is 300 s, an internal
+    constant with no setting; it is lowered here for the duration of the run), and further by
+    ``stats.deadline`` when set (``_cap_shrinking``).  A family the
+    target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
+    vLLM 0.33) is skipped: recorded in ``stats.skipped`` and as the event
+    ``family:unsupported_at_reset``, and not run again.
+    """
+    if cls.family in cls.stats.skipped:
+        return
+    try:
+        _run(cls, hyp_settings, seed, shrink_seconds)
+    except (Unsatisfiable, FailedHealthCheck):
+        if cls.reset_unsupported is None or cls.resets_ok:
+            raise
+        cls.stats.skipped[cls.family] = cls.reset_unsupported
+        cls.stats.events[f"{cls.family}:unsupported_at_reset"] += 1
+
+
+def _run(cls: type[KVMachine], hyp_settings: settings, seed: int | None, shrink_seconds: int) -> None:
+    from hypothesis.internal.conjecture import engine
+
+    def factory() -> KVMachine:
+        return cls()
+
+    factory.__name__ = cls.__name__
+    factory._hypothesis_internal_add_digest = cls.__name__.encode()  # type: ignore[attr-defined]
+    if seed is not None:
+        factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    saved = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = shrink_seconds
+    try:
+        run_state_machine_as_test(factory, settings=hyp_settings)  # type: ignore[arg-type]
+    finally:
+        engine.MAX_SHRINKING_SECONDS = saved

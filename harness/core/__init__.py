@@ -1,0 +1,13 @@
+"""The vocabulary every layer shares: what a target is driven with and what is seen of it.
+
+- ``ops``: the operations (manager calls and request changes) and their JSON form;
+- ``book``: the request book, the scheduler-side state of every request, kept once for every target;
+- ``observation``: what the harness sees of a target's state, in the spec's vocabulary;
+- ``equality``: the named relations (``exact``, ``outcomes``, ``invariants``) and the differences
+  they find between two outcomes or two observations;
+- ``glimpse``: the part of a state one operation can change, read without walking the pool.
+
+Nothing here knows a particular target, Hypothesis or the command line.
+
+Imports: spec.
+"""

@@ -1,0 +1,173 @@
+"""The end of ``kvspec fuzz``: the summary, the one report (written so that it is never lost: a
+fallback folder under the system temp dir when ``--out`` fails at write time), the known bugs met,
+the JUnit XML, and the exit status (``harness.cli`` documents the codes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness.run.fuzzing import EXIT_FOUND, EXIT_OK, EXIT_USAGE, FuzzResult
+from harness.run.signals import signal_name
+
+
+def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, verbose: bool) -> int:
+    """Print the coverage and the summary, write the one report and the JUnit XML; the exit status:
+    0 nothing found, 1 a finding (its report written, under ``--out`` or, failing that, under the
+    system temp dir), ``128 + signal`` after SIGINT (130) or SIGTERM (143), whether a report was
+    written or not; 2 when the JUnit XML cannot be written after all and nothing else failed."""
+    if verbose:
+        for fam in families:
+            items = sorted((k.split(":", 1)[1], v) for k, v in res.events.items() if k.startswith(fam + ":"))
+            print(f"  {fam}: " + ", ".join(f"{k} {v}" for k, v in items), file=sys.stderr)
+    el = res.elapsed
+    report = None
+    if res.trace is not None:
+        report = _report_finding(args, res)
+    elif res.interrupted is not None:
+        print(
+            f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {el:.1f}s: no finding "
+            f"({res.steps} steps, {res.examples} examples, target {args.target}); no report written"
+        )
+    elif res.stopped is not None:
+        print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
+    else:
+        print(
+            f"kvspec fuzz: no finding; target {args.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
+            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(families)}"
+        )
+    _print_known(args, res)
+    junit_ok = _write_fuzz_junit_safely(args, families, res, report)
+    if res.interrupted is not None:
+        return 128 + res.interrupted
+    if res.trace is not None or res.stopped is not None:
+        return EXIT_FOUND
+    return EXIT_OK if junit_ok else EXIT_USAGE
+
+
+def _report_finding(args: argparse.Namespace, res: FuzzResult) -> Path | None:
+    """Write the finding's report (``write_report_safely``) and say what was found and where."""
+    from harness.traces.report import replay_command
+    from harness.traces.trace import trace_from_json
+
+    assert res.trace is not None
+    trace = trace_from_json(res.trace)
+    report = write_report_safely(args.out, trace)
+    if res.interrupted is not None:
+        print(
+            f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {res.elapsed:.1f}s; FOUND {res.summary} "
+            f"(first failing example after {res.first_finding_after or 0:.1f}s; the smallest failing trace so far: "
+            f"{len(trace.steps)} steps)"
+        )
+    else:
+        print(
+            f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
+            f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})"
+        )
+    if report is not None:
+        print(
+            f"kvspec fuzz: report written to {report} after {res.elapsed:.1f}s "
+            f"({len(trace.steps)} steps; replay with: {replay_command(report, trace.target_name)})"
+        )
+    return report
+
+
+def write_report_safely(out: str | Path, trace: Any, name: str | None = None) -> Path | None:
+    """``write_report`` under ``out``; when that fails (disk full, the folder removed meanwhile), under a
+    fresh folder of the system temp dir, said loudly on stderr; when that fails too, the trace JSON is
+    printed on stdout.  A finding is never lost.  The path written, or None."""
+    from harness.traces.report import write_report
+    from harness.traces.trace import dumps_trace
+
+    try:
+        return write_report(out, trace, name=name)
+    except OSError as e:
+        error = f"{type(e).__name__}: {e}"
+    try:
+        fallback = Path(tempfile.mkdtemp(prefix="kvspec-reports-"))
+        os.chmod(fallback, 0o777 & ~_umask())  # readable like the report in it (mkdtemp makes it 0700)
+        path = write_report(fallback, trace, name=name)
+    except Exception as e:  # noqa: BLE001 - the last resort below still keeps the finding
+        print(
+            f"kvspec fuzz: ERROR: could not write the report under {out} ({error}) nor under the temp dir "
+            f"({type(e).__name__}: {e}); the trace follows, save it as trace.json to replay it:",
+            file=sys.stderr,
+        )
+        print(dumps_trace(trace))
+        return None
+    print(
+        f"kvspec fuzz: WARNING: could not write the report under {out} ({error}); wrote it to {path} instead",
+        file=sys.stderr,
+    )
+    return path
+
+
+def _umask() -> int:
+    """The process' umask (reading it means setting it: put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _print_known(args: argparse.Namespace, res: FuzzResult) -> None:
+    """The known bugs met (they do not fail the run): hits, and one report each, written once."""
+    from harness.ledger.known_bugs import get_known_bug
+    from harness.traces.trace import trace_from_json
+
+    for bug_id, hits in sorted(res.known.items()):
+        bug = get_known_bug(bug_id)
+        name = f"known-{bug.id}-{bug.name}"
+        where: Path | None = Path(args.out) / name
+        if bug_id in res.known_traces and not (Path(args.out) / name).exists():
+            where = write_report_safely(args.out, trace_from_json(res.known_traces[bug_id]), name=name)
+        print(
+            f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
+        )
+
+
+def _write_fuzz_junit_safely(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> bool:
+    """The JUnit XML, if asked for; False (and said on stderr) when it cannot be written after all."""
+    path = getattr(args, "junit_xml", None)
+    if not path:
+        return True
+    try:
+        _write_fuzz_junit(args, families, res, report)
+    except OSError as e:
+        print(f"kvspec fuzz: ERROR: could not write the JUnit XML to {path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> None:
+    from harness.run.junit import Case, write_junit
+    from harness.traces.report import replay_command
+
+    cls = f"kvspec.fuzz.{args.target}"
+    cases = []
+    for fam in families:
+        t = res.family_time.get(fam, 0.0)
+        if fam == res.found_family and (res.trace is not None or res.stopped is not None):
+            msg = res.summary or f"the run stopped on {res.stopped}"
+            replay = replay_command(report, args.target) if report else ""
+            details = f"{msg}\nreport: {report}\nreplay: {replay}\n" if report else msg
+            cases.append(
+                Case(
+                    cls,
+                    fam,
+                    t,
+                    failure=msg,
+                    failure_type=(res.trace or {}).get("finding", {}).get("kind", "error"),
+                    details=details,
+                )
+            )
+        elif fam in res.skipped:
+            cases.append(Case(cls, fam, t, skipped=f"the target models none of this family: {res.skipped[fam]}"))
+        elif not res.batches.get(fam):
+            cases.append(Case(cls, fam, t, skipped="not reached within the time budget"))
+        else:
+            cases.append(Case(cls, fam, t))
+    write_junit(args.junit_xml, "kvspec fuzz", cases, res.elapsed)

@@ -1,0 +1,229 @@
+"""kvspec as a pytest plugin (entry point ``pytest11``: loaded wherever kvspec is installed).
+
+A team's own suite runs kvspec against its manager::
+
+    pytest --kvspec-target mypkg.adapter:make_target --kvspec-family full,sliding_window
+    pytest --kvspec-target mypkg.adapter:make_target --kvspec-only      # kvspec's machines only
+
+Each family becomes one test, ``TestKVSpec_<family>`` (marked ``kvspec``), whose body is kvspec's
+state machine: the Hypothesis profile that is loaded (``--hypothesis-profile``; kvspec registers
+``kvspec-dev``, ``kvspec-ci``, ``kvspec-nightly``) sets the budget, and the example database is
+``--kvspec-db`` / ``KVSPEC_DB`` when given, else the profile's own, so past failures are replayed
+first.  A finding fails the test with its one-line summary and the path of the report written
+under ``--kvspec-out``.  The tests are ordinary Hypothesis state-machine tests, so HypoFuzz fuzzes
+them on many cores (``hypofuzz -n 4 -- --kvspec-target ... --kvspec-only``).
+
+In a test of one's own, the ``kvspec`` fixture does the same for one target and family::
+
+    def test_my_manager(kvspec):
+        kvspec.check("mypkg.adapter:make_target", family="full", relation="invariants")
+"""
+
+from __future__ import annotations
+
+import unittest
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harness.run.profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
+
+SUITE = Path(__file__).with_name("pytest_suite.py")
+_OPTIONS: dict[str, Any] = {}  # the validated --kvspec-* options, read by harness.run.pytest_suite
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("kvspec", "kvspec: differential fuzzing of a KV-cache manager against vLLM 0.33's model")
+    g.addoption("--kvspec-target", default=None, help="spec, vllm, impl, mutant:NAME or package.module:factory")
+    g.addoption("--kvspec-family", default="all", help="comma-separated families, or 'all' (default)")
+    g.addoption("--kvspec-relation", default="exact", help="exact (default), outcomes or invariants")
+    g.addoption("--kvspec-out", default="kvspec-reports", help="where reports of findings are written")
+    g.addoption(
+        "--kvspec-db",
+        default=None,
+        help="example database: folder or redis://host:port/n (default: KVSPEC_DB, else the profile's)",
+    )
+    g.addoption("--kvspec-step-timeout", type=float, default=10.0, help="seconds one target call may take")
+    g.addoption("--kvspec-shrink-seconds", type=int, default=20, help="time bound for shrinking a finding (default 20)")
+    g.addoption("--kvspec-only", action="store_true", help="collect only kvspec's machines, not the rest of the suite")
+
+
+@pytest.hookimpl(trylast=True)  # after Hypothesis' plugin has loaded --hypothesis-profile
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kvspec: a kvspec state machine (pytest --kvspec-target)")
+    target = config.getoption("kvspec_target")
+    if target is None:
+        return
+    from harness.core.equality import RELATIONS
+    from harness.mutants.registry import resolve_target
+    from harness.targets import TargetLoadError
+    from harness.world.families import parse_families
+
+    relation = config.getoption("kvspec_relation")
+    try:
+        families = parse_families(config.getoption("kvspec_family"))
+        if relation not in RELATIONS:
+            raise ValueError(f"unknown relation {relation!r} (known: {', '.join(RELATIONS)})")
+        factory = resolve_target(target)
+        db = _database(config.getoption("kvspec_db"))
+    except (ValueError, TargetLoadError) as e:
+        raise pytest.UsageError(f"kvspec: {e}") from None
+    _OPTIONS.update(
+        target=target,
+        factory=factory,
+        families=families,
+        relation=relation,
+        db=db,
+        out=config.getoption("kvspec_out"),
+        step_timeout=config.getoption("kvspec_step_timeout"),
+        shrink_seconds=config.getoption("kvspec_shrink_seconds"),
+    )
+    if config.getoption("kvspec_only"):
+        config.args[:] = [str(SUITE)]
+    elif str(SUITE) not in config.args:
+        config.args.append(str(SUITE))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _OPTIONS.clear()
+
+
+def _database(spec: str | None) -> Any:
+    """``--kvspec-db``, else ``KVSPEC_DB``, else the loaded profile's database."""
+    import os
+
+    from hypothesis import settings
+
+    from harness.run.profiles import check_database
+
+    if spec or os.environ.get("KVSPEC_DB"):
+        return check_database(spec)
+    return settings().database
+
+
+def machine_settings(db: Any) -> Any:
+    """The loaded Hypothesis profile, with what kvspec's machines need (no deadline, the database)."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        settings.default,
+        deadline=None,
+        database=db,
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+
+
+def run_family(
+    factory: Callable[[], Any],
+    target: str,
+    family: str,
+    relation: str = "exact",
+    out: str = "kvspec-reports",
+    db: Any = None,
+    step_timeout: float | None = 10.0,
+    hyp_settings: Any = None,
+    shrink_seconds: int = 20,
+) -> None:
+    """Run kvspec's state machine for one family; a finding fails the test with its report path."""
+    from harness.check.machine import RunStats, make_machine, run_machine
+    from harness.run.fuzzing import finding_trace
+    from harness.traces.report import replay_command, write_report
+
+    stats = RunStats()
+    machine = make_machine(family, factory, target, relation, stats, step_timeout)
+    try:
+        run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=shrink_seconds)
+        return
+    except AssertionError:
+        trace = finding_trace(stats, target, None, None, family, relation)
+        if trace is None or stats.finding is None:
+            raise
+    report = write_report(out, trace)
+    replay = replay_command(report, trace.target_name)
+    pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
+
+
+def make_testcase(family: str) -> type[unittest.TestCase]:
+    """``TestKVSpec_<family>``: one unittest case whose ``runTest`` is kvspec's machine (HypoFuzz
+    recognises it as a state-machine test through ``_hypothesis_state_machine_class``)."""
+    from harness.check.machine import RunStats, make_machine
+
+    o = dict(_OPTIONS)
+    machine = make_machine(family, o["factory"], o["target"], o["relation"], RunStats(), o["step_timeout"])
+
+    def runTest(self: unittest.TestCase) -> None:
+        run_family(
+            o["factory"],
+            o["target"],
+            family,
+            o["relation"],
+            o["out"],
+            step_timeout=o["step_timeout"],
+            hyp_settings=type(self).settings,  # type: ignore[attr-defined]
+            shrink_seconds=o["shrink_seconds"],
+        )
+
+    runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
+    runTest._hypothesis_state_machine_class = machine  # type: ignore[attr-defined]
+    name = f"TestKVSpec_{family}"
+    return type(
+        name,
+        (unittest.TestCase,),
+        {
+            "runTest": runTest,
+            "settings": machine_settings(o["db"]),
+            "pytestmark": [pytest.mark.kvspec],
+            "__module__": "harness.run.pytest_suite",
+        },
+    )
+
+
+def suite_testcases() -> dict[str, type[unittest.TestCase]]:
+    """The test classes of ``harness.run.pytest_suite``: one per family (none without ``--kvspec-target``)."""
+    if not _OPTIONS:
+        return {}
+    return {f"TestKVSpec_{fam}": make_testcase(fam) for fam in _OPTIONS["families"]}
+
+
+class KVSpecFixture:
+    """The ``kvspec`` fixture: ``check(target, family=..., relation=...)`` in a test of one's own."""
+
+    def __init__(self, out: str, db: Any, step_timeout: float, shrink_seconds: int) -> None:
+        self.out, self.db, self.step_timeout, self.shrink_seconds = out, db, step_timeout, shrink_seconds
+
+    def check(self, target: str | Callable[[], Any], family: str = "full", relation: str = "exact") -> None:
+        from harness.mutants.registry import resolve_target
+        from harness.targets import TargetLoadError, check_target
+        from harness.world.families import parse_families
+
+        try:
+            if isinstance(target, str):
+                name, factory = target, resolve_target(target)
+            else:
+                name, factory = getattr(target, "__qualname__", "target"), target
+                check_target(factory, name)
+            families = parse_families(family)
+        except (ValueError, TargetLoadError) as e:
+            pytest.fail(f"kvspec: {e}", pytrace=False)
+        for fam in families:
+            run_family(
+                factory, name, fam, relation, self.out, self.db, self.step_timeout, shrink_seconds=self.shrink_seconds
+            )
+
+
+@pytest.fixture
+def kvspec(pytestconfig: pytest.Config) -> KVSpecFixture:
+    try:
+        db = _database(pytestconfig.getoption("kvspec_db"))
+    except ValueError as e:
+        raise pytest.UsageError(f"kvspec: {e}") from None
+    return KVSpecFixture(
+        pytestconfig.getoption("kvspec_out"),
+        db,
+        pytestconfig.getoption("kvspec_step_timeout"),
+        pytestconfig.getoption("kvspec_shrink_seconds"),
+    )

@@ -1,0 +1,343 @@
+"""Reports: on a finding, write ``trace.json``, a replayable pytest file and ``report.md``.
+
+The folder is written atomically: everything goes into a temporary folder next to the
+destination, which is then renamed into place, so a reader never sees half a report.
+``report.md`` says what broke in one sentence, lists the (shrunk) steps, and draws, for the
+request of the failing step, its token layout in the style of vLLM's ``allocate_slots`` comment
+(``| comp | new_comp | ext_comp | new | lookahead |``) and its block tables before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness.core import ops as O
+from harness.core.observation import Observation
+from harness.targets.spec import SpecTarget
+from harness.traces.trace import Trace, dumps_trace
+
+REPLAY_TEST = '''"""Replays {name}: fails while the finding it records is still there."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.traces.replay import replay
+from harness.targets import target_factory
+from harness.traces.trace import read_trace
+
+TRACE = Path(__file__).with_name("trace.json")
+
+
+def test_replay_{ident}() -> None:
+    trace = read_trace(TRACE)
+    try:
+        factory = target_factory({target!r})
+    except Exception as e:  # the target is not installed here
+        pytest.skip(f"target {target!r} not available: {{e}}")
+    result = replay(trace, factory)
+    assert result.ok, result.message
+'''
+
+
+def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> Path:
+    """Write the report folder for ``trace`` under ``out_dir``; return its path.  The folder gets the
+    usual permissions (0777, files 0666, minus the umask: a CI uploader running as another user can
+    read it), not ``mkdtemp``'s 0700."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = name or _default_name(trace)
+    dest = out / name
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = out / f"{name}-{n}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out))
+    try:
+        (tmp / "trace.json").write_text(dumps_trace(trace), encoding="utf-8")
+        ident = "".join(c if c.isalnum() else "_" for c in dest.name)
+        (tmp / f"test_replay_{ident}.py").write_text(
+            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
+        )
+        (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
+        mask = os.umask(0o022)  # reading the umask means setting it: put back at once
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # the files were created 0666 & ~umask already
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _default_name(trace: Trace) -> str:
+    """``kvspec-<target>-<family>-<kind>-seed<seed>``, as a plain folder name (no ``/``, ``.`` or ``:``)."""
+    kind = (trace.finding or {}).get("kind", "trace")
+    seed = trace.seed if trace.seed is not None else "none"
+    name = f"kvspec-{trace.target_name}-{trace.family or 'custom'}-{kind}-seed{seed}"
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:200]
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def render_report(trace: Trace) -> str:
+    f = trace.finding or {}
+    step = f.get("step")
+    lines = [f"# kvspec report: {f.get('kind', 'trace')} on target `{trace.target_name}`", ""]
+    lines.append(f"**{_one_sentence(trace)}**")
+    lines += [
+        "",
+        f"- target: `{trace.target_name}` {trace.target_version}".rstrip(),
+        f"- family: `{trace.family}`, seed: `{trace.seed}`, profile: `{trace.profile}`, relation: `{trace.relation}`",
+        f"- config: {_config_line(trace)}",
+        f"- replay: `{_replay_command(trace)}` (exit 1 while the finding is there)",
+        "",
+        f"## Steps ({len(trace.steps)}, shrunk)",
+        "",
+        "```",
+    ]
+    for i, (op, outcome) in enumerate(trace.steps):
+        mark = ">>" if i == step else "  "
+        lines.append(f"{mark} {i:3d} {_op_line(op)}  ->  {_outcome_line(outcome)}")
+    lines.append("```")
+    if step is not None and 0 <= step < len(trace.steps):
+        lines += _failing_step_section(trace, step, f)
+    if f.get("kv_markdown"):
+        lines += ["", f["kv_markdown"].rstrip()]
+    if f.get("traceback"):
+        lines += ["", "## Traceback", "", "```", f["traceback"].rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _replay_command(trace: Trace) -> str:
+    return replay_command("<this folder>", trace.target_name)
+
+
+def replay_command(folder: str | Path, target_name: str) -> str:
+    """``kvspec replay`` of a report folder; a target that is not built in is named with ``--target``
+    (replay never takes such a target from the trace file itself)."""
+    from harness.mutants.registry import is_builtin_target
+
+    if is_builtin_target(target_name):
+        return f"kvspec replay {folder}"
+    return f"kvspec replay {folder} --target {target_name}"
+
+
+def _one_sentence(trace: Trace) -> str:
+    f = trace.finding
+    if not f:
+        return f"A recorded trace of {len(trace.steps)} steps with no finding."
+    where = f"step {f['step']}" if f.get("step") is not None else "setup"
+    op = f" (`{f['op']['op']}`)" if f.get("op") else ""
+    what = {
+        "invariant": "An invariant broke",
+        "divergence": "The target diverged from the spec",
+        "target-raised": "The target raised",
+        "target-hung": "The target hung",
+        "reference-raised": "The spec rejected an operation",
+        "reference-invariant": "A spec invariant broke",
+        "target-malformed": "The target returned something the protocol does not allow",
+        "target-memory": "The target ran out of its memory bound",
+        "kv-ledger": "The KV ledger found a wrong read or write",
+        "kv-mismatch": "The KV oracle computed wrong numbers",
+    }.get(f.get("kind", ""), "A finding")
+    return f"{what} at {where}{op}: {f.get('message', '')}"
+
+
+def _config_line(trace: Trace) -> str:
+    c = trace.config
+    groups = ", ".join(
+        f"{g.kind}(bs={g.block_size}"
+        + (f", W={g.sliding_window}" if g.sliding_window else "")
+        + (f", C={g.attention_chunk_size}" if g.attention_chunk_size else "")
+        + ")"
+        for g in c.groups
+    )
+    return (
+        f"{c.num_blocks} blocks, [{groups}], max_model_len={c.max_model_len}, "
+        f"caching={'on' if c.enable_caching else 'off'}, events={'on' if c.enable_kv_cache_events else 'off'}"
+    )
+
+
+def _op_line(op: O.Op) -> str:
+    d = O.op_to_json(op)
+    name = d.pop("op")
+    parts: list[str] = []
+    for k, v in d.items():
+        if k in ("request_id",):
+            parts.insert(0, str(v))
+            continue
+        if v in (0, False, None, [], ()) and k not in ("num_new_tokens", "num_computed_tokens"):
+            continue
+        parts.append(f"{k}={v}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _outcome_line(outcome: Any) -> str:
+    """One outcome in a few words (a finding's ``expected`` / ``actual`` may be any JSON a target returned)."""
+    if outcome is None:
+        return "None"
+    if isinstance(outcome, dict):
+        if "num_hit_tokens" in outcome:
+            return f"hit {outcome['num_hit_tokens']} tokens, blocks {outcome.get('block_ids')}"
+        return f"new blocks {outcome.get('block_ids')}"
+    if isinstance(outcome, list):
+        return f"{len(outcome)} event(s)"
+    return repr(outcome)
+
+
+def _replay_spec(trace: Trace, upto: int) -> tuple[SpecTarget, Observation | None, Observation | None, Any]:
+    """Run the spec to just before step ``upto``; then try the step.  Returns the target (after),
+    the observation before and after, and the request as it was before the step."""
+    t = SpecTarget()
+    t.reset(trace.config)
+    for op, _ in trace.steps[:upto]:
+        try:
+            t.apply(op)
+        except Exception:
+            return t, None, None, None
+    before = t.observe()
+    op = trace.steps[upto][0]
+    req = t.requests.get(getattr(op, "request_id", ""), None)
+    try:
+        t.apply(op)
+        after = t.observe()
+    except Exception:
+        after = None
+    return t, before, after, req
+
+
+def _failing_step_section(trace: Trace, step: int, f: dict[str, Any]) -> list[str]:
+    op = trace.steps[step][0]
+    lines = ["", f"## The failing step: {step} `{_op_line(op)}`", ""]
+    if f.get("expected") is not None or f.get("actual") is not None or f.get("kind") == "divergence":
+        lines += [
+            f"- expected (spec): {_outcome_line(f.get('expected'))}",
+            f"- observed (target): {_outcome_line(f.get('actual'))}",
+        ]
+    if f.get("blocks") or f.get("requests"):
+        lines.append(f"- witness: blocks {f.get('blocks')}, requests {f.get('requests')}")
+    _, before, after, req = _replay_spec(trace, step)
+    rid = getattr(op, "request_id", None)
+    if req is not None:
+        lines += [
+            "",
+            f"### Token layout of `{rid}` (num_tokens={req.num_tokens}, prompt={req.num_prompt_tokens}, "
+            f"drafts={len(req.spec_token_ids)})",
+            "",
+            "```",
+        ]
+        lines += draw_token_layout(op, req.num_computed_tokens, req.num_tokens)
+        lines.append("```")
+    requests = set(f.get("requests") or ()) | ({rid} if rid else set())
+    for label, obs in (("before (spec)", before), ("after (spec)", after)):
+        if obs is not None and requests:
+            lines += ["", f"### Block tables {label}", "", "```"] + draw_tables(obs, trace, sorted(requests)) + ["```"]
+    w = f.get("witness") or {}
+    for key, label in (("target_before", "before (target)"), ("target_after", "after (target)")):
+        if key in w and requests:
+            lines += (
+                ["", f"### Block tables {label}", "", "```"]
+                + draw_tables_json(w[key], trace, sorted(requests))
+                + ["```"]
+            )
+    return lines
+
+
+def draw_token_layout(op: O.Op, comp: int, num_tokens: int) -> list[str]:
+    """``| comp | new_comp | ext_comp | new | lookahead |`` with each part's size and token range."""
+    if isinstance(op, O.AllocateSlots):
+        parts = [
+            ("comp", comp),
+            ("new_comp", op.num_new_computed_tokens),
+            ("ext_comp", op.num_external_computed_tokens),
+            ("new", op.num_new_tokens),
+            ("lookahead", op.num_lookahead_tokens),
+        ]
+    else:
+        parts = [("comp", comp), ("not computed", max(0, num_tokens - comp))]
+    cells, ranges, start = [], [], 0
+    for name, n in parts:
+        label = f" {name}={n} "
+        rng = f" [{start},{start + n}) "
+        w = max(len(label), len(rng))
+        cells.append(label.center(w))
+        ranges.append(rng.center(w))
+        start += n
+    bar = "|" + "|".join(cells) + "|"
+    out = ["-" * len(bar), bar, " " + " ".join(ranges), "-" * len(bar)]
+    if isinstance(op, O.AllocateSlots):
+        out.append(
+            f"to be allocated: [{comp + op.num_new_computed_tokens}, {start}); to be cached (unless delayed): "
+            f"up to min({comp + op.num_new_computed_tokens + op.num_external_computed_tokens + op.num_new_tokens}, "
+            f"num_tokens={num_tokens})"
+        )
+    return out
+
+
+def draw_tables(obs: Observation, trace: Trace, requests: list[str]) -> list[str]:
+    out = []
+    for g, tables in enumerate(obs.tables):
+        spec = trace.config.groups[g]
+        out.append(f"group {g} ({spec.kind}, block_size {spec.block_size})")
+        for rid in requests:
+            table = tables.get(rid)
+            if table is None:
+                out.append(f"  {rid}: no table")
+                continue
+            ncb = obs.num_cached_block[g].get(rid)
+            ids, refs, hashed = [], [], []
+            for b in table:
+                if b == 0:
+                    ids.append("null")
+                    refs.append("-")
+                    hashed.append("-")
+                else:
+                    ids.append(str(b))
+                    refs.append(str(obs.ref_cnt[b]))
+                    hashed.append("#" if obs.block_key[b] is not None else ".")
+            out += _table_rows(rid, ids, refs, hashed, ncb)
+    out.append(f"free queue (front first): {list(obs.free_queue)}")
+    return out
+
+
+def draw_tables_json(w: dict[str, Any], trace: Trace, requests: list[str]) -> list[str]:
+    out = []
+    for g, tables in enumerate(w.get("tables", [])):
+        spec = trace.config.groups[g] if g < len(trace.config.groups) else None
+        out.append(f"group {g}" + (f" ({spec.kind}, block_size {spec.block_size})" if spec else ""))
+        for rid in requests:
+            if rid not in tables:
+                out.append(f"  {rid}: no table")
+                continue
+            ids, refs, hashed = [], [], []
+            for b in tables[rid]:
+                info = w.get("blocks", {}).get(str(b), {})
+                ids.append("null" if b == 0 else str(b))
+                refs.append("-" if b == 0 else str(info.get("ref_cnt", "?")))
+                hashed.append("-" if b == 0 else ("#" if info.get("hash") else "."))
+            ncbs = w.get("num_cached_block", [])
+            ncb = ncbs[g].get(rid) if g < len(ncbs) else None
+            out += _table_rows(rid, ids, refs, hashed, ncb)
+    out.append(f"free queue (front first): {w.get('free_queue')}")
+    return out
+
+
+def _table_rows(rid: str, ids: list[str], refs: list[str], hashed: list[str], ncb: int | None) -> list[str]:
+    w = max([4] + [len(x) for x in ids])
+
+    def row(name: str, cells: list[str]) -> str:
+        return f"  {name:<8}" + " ".join(c.rjust(w) for c in cells)
+
+    return [
+        f"  {rid}: num_cached_block={ncb if ncb is not None else 'absent'}",
+        row("index", [str(i) for i in range(len(ids))]),
+        row("block", ids),
+        row("ref_cnt", refs),
+        row("hashed", hashed),
+    ]

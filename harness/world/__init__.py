@@ -1,0 +1,11 @@
+"""The world: what arrives at vLLM's scheduler and what the world answers.
+
+- ``families``: named configuration families (pools, groups, features) and their strategies;
+- ``scheduler``: kvspec's model of vLLM's scheduler-side bookkeeping, which decides the manager
+  calls a real scheduler makes; ``transfer``: its KV-transfer side (a connector's answers, loads
+  that arrive or fail), an object the scheduler holds;
+- ``workload``: the one workload (arrivals, engine steps, the world's answers behind ``Choices``),
+  drawn by Hypothesis (``harness.check.machine``) or a seeded generator (``run_seeded``).
+
+Imports: harness.core, spec.
+"""

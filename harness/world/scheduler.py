@@ -1,0 +1,506 @@
+"""A small model of vLLM 0.33's scheduler-side request bookkeeping (``vllm/v1/core/sched/scheduler.py``).
+
+It decides *which* KV-cache manager calls a real scheduler makes, in which order, and emits them as
+``harness.core.ops`` operations through ``emit`` (which applies them to the spec and the target and
+returns the outcome).  Only the FCFS policy and one sampled token per step are modelled, with
+synchronous or async scheduling (``AsyncScheduler`` with a batch queue of two); every choice the real scheduler
+leaves to the world (chunk budgets, accepted drafts, sampled tokens, connector answers, load
+failures) comes from ``choices``, which the Hypothesis state machine backs with draws.
+
+Modelled (0.33 ``schedule()`` / ``update_from_output``):
+- running loop: ``allocate_slots(n, lookahead)``; on None preempt ``running[-1]`` (free,
+  ``num_computed_tokens = 0``, drafts cleared, to the front of ``waiting``) until it fits or the
+  request preempted itself; after a preemption no waiting request is admitted this step;
+- waiting loop: ``kv_holding_waiting`` first; remote-KV requests still loading are skipped; a
+  request with ``num_computed_tokens == 0`` looks up the prefix cache, asks the connector (P/D),
+  then ``allocate_slots``; None stops admission (``break``); an async load allocates with
+  ``delay_cache_blocks=True``, the blocks in-flight prefills still need set aside
+  (``reserved_blocks``), and parks the request in WAITING_FOR_REMOTE_KVS;
+- spec decode: drafts scheduled, rejection rolls ``num_computed_tokens`` back, accepted + bonus
+  tokens appended, verified blocks cached early; a one-token admission padded to ``1 + k`` when the
+  running loop scheduled no prefill chunk (``is_prefill_chunk`` as each request's last step left it);
+- P/D arrival: ``cache_blocks(num_computed_tokens)`` then the ``num_tokens - 1`` cap; failed loads
+  cache the valid prefix or free everything; abort while loading delays the free until arrival;
+  invalid blocks of a synchronous load truncate every running request holding them (``fail``:
+  evicted, the requests failed after the output); ``harness.world.transfer``;
+- finishing: ``remove_skipped_blocks`` (with a connector, blocks or not) then ``free``; a stop
+  drops the sampled tokens after it and gives back their computed count;
+- encoder-decoder: the admission that schedules a request's encoder inputs (``num_computed_tokens
+  == 0``) passes their length as ``num_encoder_tokens``; no prefix cache, connector or drafts;
+- async scheduling (``EngineCore.step_with_batch_queue``, two batches in flight): a step's tokens
+  stay in ``num_in_flight_tokens`` until its output is processed, sampling steps add output
+  placeholders, verified blocks are cached on ``num_computed_tokens - num_in_flight_tokens``, a
+  preemption marks the in-flight output stale (delivered, counters untouched) and the request is
+  not resumed before it drains; no connector and no drafts (vLLM defers frees with a consumer
+  connector, which the manager API does not show).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness.core import ops as O
+from harness.core.book import BookRequest, apply_request_op, new_book_request
+from harness.world.transfer import KVTransfers
+from spec.request import RequestStatus
+
+if TYPE_CHECKING:
+    from harness.world.workload import Choices
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    """The scheduler knobs that change which manager calls happen."""
+
+    token_budget: int  # max_num_scheduled_tokens (chunked prefill always on)
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int  # scheduler_block_size (LCM of the groups' block sizes)
+    num_spec_tokens: int = 0  # k drafts per step; 0 = no speculative decoding
+    num_lookahead_tokens: int = 0  # EAGLE / draft-model lookahead slots (0 or k)
+    connector: bool = False  # a KV connector (P/D) answers get_num_new_matched_tokens
+    single_group: bool = True  # invalid-block recovery needs one group (vLLM 0.33)
+    # vLLM 0.33 scheduler_reserve_full_isl: admissions pass full_sequence_must_fit (the whole prompt
+    # must fit, window kinds capped by their recycling bound).
+    reserve_full_isl: bool = False
+    # vLLM 0.33 ``AsyncScheduler`` (``scheduler_config.async_scheduling``): two batches in flight.
+    async_scheduling: bool = False
+    # An encoder-decoder model (a cross-attention group): encoder inputs are scheduled on admission.
+    encoder_decoder: bool = False
+    # Requests may carry prompt embeddings instead of token ids (the workload's choice).
+    prompt_embeds: bool = False
+
+
+@dataclass
+class SReq(BookRequest):
+    """The scheduler's record of a request: the book's fields, changed only through
+    ``harness.core.book.apply_request_op`` as the ops are emitted, plus the scheduler's own facts."""
+
+    num_preemptions: int = 0
+    recv: str | None = None  # None | "pending" | "done" | "failed"
+    aborted: bool = False  # finished while its remote KV was still loading (free delayed)
+    sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
+    num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned
+    num_stale_output_tokens: int = 0  # async: in-flight tokens of steps before a preemption
+    is_prefill_chunk: bool = False  # its last scheduled step left prompt to compute (0.33 ``Request``)
+
+
+@dataclass
+class Batch:
+    """One ``SchedulerOutput``: tokens per request, the padded and draft-carrying requests, and the
+    requests whose step samples a token (not a partial prefill chunk when scheduled)."""
+
+    scheduled: dict[str, int] = field(default_factory=dict)
+    padded: set[str] = field(default_factory=set)
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    samples: set[str] = field(default_factory=set)
+
+
+class Scheduler(KVTransfers):
+    """vLLM 0.33's scheduler-side bookkeeping (module docstring); the KV-transfer side lives in
+    ``harness.world.transfer.KVTransfers``."""
+
+    def __init__(
+        self,
+        cfg: SchedConfig,
+        emit: Callable[[O.Op], Any],
+        choices: Choices,
+        table: Callable[[str], tuple[int, ...]] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.emit = emit
+        self.ch = choices
+        self.table = table  # group-0 block table of a request (for invalid-block recovery)
+        self.reqs: dict[str, SReq] = {}
+        self.waiting: deque[str] = deque()
+        self.kv_holding: deque[str] = deque()
+        self.running: list[str] = []
+        self.loading_aborted: dict[str, SReq] = {}
+        self.in_flight: deque[Batch] = deque()  # async: batches whose output is not processed yet
+        self.counts: Counter[str] = Counter()
+        self._next_id = 0
+        # Does a request stop on the tokens it just sampled (a stop token, its max_tokens), and how
+        # many of them does it keep?  ``stops(request_id, new_tokens)``: the count kept, or None.
+        # The world's knowledge, asked only when set (harness.vllm_sched.agreement replays vLLM's
+        # own stops); the workloads stop requests through their ``finish`` action instead.
+        self.stops: Callable[[str, tuple[int, ...]], int | None] | None = None
+        # vLLM 0.33 ``_inflight_prefills``: requests admitted to load asynchronously or to prefill in
+        # more than one chunk, until a step leaves them with no prompt to compute.  An asynchronous
+        # load is admitted only with their remaining blocks set aside; ``load_reservation(pending,
+        # step_tokens)`` (``SpecTarget.load_reservation`` on the reference state) counts them.  Unset,
+        # nothing is set aside (a driver without a reference state).
+        self.inflight_prefills: set[str] = set()
+        self.load_reservation: Callable[[list[tuple[str, int, int]], int], int] | None = None
+
+    # --- request lifecycle ---------------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        self._next_id += 1
+        return f"r{self._next_id}"
+
+    def add_request(self, op: O.AddRequest) -> None:
+        """vLLM ``add_request``: the engine builds the Request (hashing its prompt) and queues it."""
+        self.emit(op)
+        self.reqs[op.request_id] = SReq(**vars(new_book_request(op)))
+        self.waiting.append(op.request_id)
+        self.counts["add_request"] += 1
+
+    def _change(self, r: SReq, op: O.Op) -> None:
+        """A change to the request object: the book's rule on the scheduler's record, then emitted."""
+        apply_request_op(r, op)
+        self.emit(op)
+
+    def _set_computed(self, r: SReq, n: int) -> None:
+        if r.num_computed_tokens != n:
+            self._change(r, O.SetNumComputedTokens(r.request_id, n))
+
+    def _set_in_flight(self, r: SReq, n: int) -> None:
+        if r.num_in_flight_tokens != n:
+            self._change(r, O.SetNumInFlightTokens(r.request_id, n))
+
+    def _set_status(self, r: SReq, status: RequestStatus) -> None:
+        if r.status != status:
+            self._change(r, O.SetStatus(r.request_id, status.value))
+
+    def _set_spec(self, r: SReq, drafts: tuple[int, ...]) -> None:
+        if r.spec_token_ids != drafts:
+            self._change(r, O.SetSpecTokens(r.request_id, drafts))
+
+    def _free(self, r: SReq) -> None:
+        """``_free_request``: with a connector, drop out-of-window blocks first (processed basis),
+        whether or not the request holds blocks (vLLM 0.33 ``_connector_finished``)."""
+        if self.cfg.connector:
+            self.emit(O.RemoveSkippedBlocks(r.request_id, max(0, r.num_computed_tokens - r.num_in_flight_tokens)))
+        self.emit(O.Free(r.request_id))
+
+    def preempt(self, r: SReq) -> None:
+        """``_preempt_request``: free (tail first), PREEMPTED, ``num_computed_tokens = 0``, drafts
+        cleared, back to the front of ``waiting``."""
+        self.emit(O.Free(r.request_id))
+        self.inflight_prefills.discard(r.request_id)
+        self._set_status(r, RequestStatus.PREEMPTED)
+        self._set_computed(r, 0)
+        self._set_spec(r, ())
+        # Async: in-flight output turns stale (delivered later, counters untouched).
+        r.num_stale_output_tokens = r.num_in_flight_tokens
+        r.num_output_placeholders = 0
+        r.num_preemptions += 1
+        self.waiting.appendleft(r.request_id)
+        self.counts["preempt"] += 1
+
+    def finish(self, rid: str) -> None:
+        """A request stops (EOS / max tokens; under async scheduling stale output of a preempted,
+        waiting request can stop it too): its blocks are freed."""
+        self._free(self._remove(rid))
+        self.counts["finish"] += 1
+
+    def _remove(self, rid: str) -> SReq:
+        """Take a request out of the scheduler, whatever queue holds it."""
+        r = self.reqs.pop(rid)
+        self.inflight_prefills.discard(rid)
+        if rid in self.running:
+            self.running.remove(rid)
+        for q in (self.waiting, self.kv_holding):
+            if rid in q:
+                q.remove(rid)
+        return r
+
+    def abort(self, rid: str) -> None:
+        """``finish_requests(ABORTED)`` for a request in any queue."""
+        r = self._remove(rid)
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.recv == "pending":
+            # The load was posted and has not finished: free only on arrival (vLLM delays it).
+            if self.cfg.connector:
+                self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
+            r.aborted = True
+            self.loading_aborted[rid] = r
+            self.counts["abort_while_loading"] += 1
+            return
+        self._free(r)
+        self.counts["abort"] += 1
+
+    # --- one engine step -----------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One engine step: ``schedule()``, the forward pass, ``update_from_output`` (synchronous),
+        or ``EngineCore.step_with_batch_queue`` under async scheduling."""
+        if self.cfg.async_scheduling:
+            self._step_with_batch_queue()
+        else:
+            self.update_from_output(self.schedule())
+        self.counts["step"] += 1
+
+    def _step_with_batch_queue(self) -> None:
+        """vLLM 0.33 ``EngineCore.step_with_batch_queue`` (queue of 2): schedule a batch while the
+        queue has room and requests remain, else process the oldest batch's output."""
+        if self.reqs:
+            self.in_flight.append(self.schedule())
+            if len(self.in_flight) < 2:
+                return
+        elif not self.in_flight:
+            return
+        self.update_from_output(self.in_flight.popleft())
+
+    def schedule(self) -> Batch:
+        cfg = self.cfg
+        budget = self.ch.integer(1, cfg.token_budget, "token_budget", boundary=cfg.block_size)
+        batch = Batch()
+        scheduled, padded = batch.scheduled, batch.padded
+        preempted = False
+        prefill_scheduled = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.reqs[self.running[i]]
+            n = min(
+                r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens,
+                budget,
+                cfg.max_model_len - r.num_computed_tokens - 1,
+            )
+            if n <= 0:
+                i += 1
+                continue
+            out = None
+            while True:
+                out = self.emit(O.AllocateSlots(r.request_id, n, num_lookahead_tokens=cfg.num_lookahead_tokens))
+                if out is not None:
+                    break
+                victim = self.reqs[self.running.pop()]
+                self.preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if out is None:
+                break
+            scheduled[r.request_id] = n
+            prefill_scheduled |= r.is_prefill_chunk  # as its last step left it (vLLM 0.33)
+            self.counts["decode" if r.num_computed_tokens >= r.num_tokens - 1 else "prefill_chunk"] += 1
+            budget -= n
+            i += 1
+            if r.spec_token_ids:
+                k = n + r.num_computed_tokens - r.num_tokens
+                if k > 0:
+                    batch.drafts[r.request_id] = r.spec_token_ids[:k]
+                self._set_spec(r, ())
+        if not preempted:
+            self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
+        self._update_after_schedule(batch)
+        return batch
+
+    def _update_after_schedule(self, batch: Batch) -> None:
+        """vLLM 0.33 ``_update_after_schedule`` (+ ``AsyncScheduler``'s): the computed and in-flight
+        counts advance by what was scheduled; a step that is no prefill chunk samples a token,
+        which async scheduling counts as an output placeholder until it returns."""
+        for rid, n in batch.scheduled.items():
+            r = self.reqs[rid]
+            self._set_computed(r, r.num_computed_tokens + n)
+            if self.cfg.async_scheduling:
+                self._set_in_flight(r, r.num_in_flight_tokens + n)
+            r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
+            if not r.is_prefill_chunk:
+                self.inflight_prefills.discard(rid)
+                batch.samples.add(rid)
+                if self.cfg.async_scheduling:
+                    r.num_output_placeholders += 1
+
+    def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
+        cfg = self.cfg
+        skipped_holding: list[str] = []
+        skipped_waiting: list[str] = []
+        running_scheduled = bool(scheduled)  # by the running loop (admissions below do not count)
+        while budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting
+            if not queue or len(self.running) >= cfg.max_num_seqs:
+                break
+            r = self.reqs[queue[0]]
+            if r.num_stale_output_tokens:
+                # Async: deliverable stale output still in flight; resuming could resample it.
+                (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
+                continue
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if r.recv == "pending":
+                    (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
+                    continue
+                self._update_waiting_for_remote_kv(r)
+            ext, load_async, local, looked_up = 0, False, 0, False
+            if r.num_computed_tokens == 0:
+                hit = self.emit(O.GetComputedBlocks(r.request_id))
+                looked_up = True
+                local = hit["num_hit_tokens"]
+                self.counts["prefix_hit" if local else "prefix_miss"] += 1
+                if cfg.connector and not r.skip_reading_prefix_cache:
+                    ext, load_async = self._ask_connector(r, local)
+                num_computed = local + ext
+            else:
+                num_computed = r.num_computed_tokens
+            if load_async:
+                n = 0
+            else:
+                n = r.num_tokens - num_computed
+                if (
+                    cfg.num_spec_tokens > 0
+                    and n == 1
+                    and not prefill_scheduled
+                    and (running_scheduled or num_computed > 0)
+                    and num_computed + 1 + cfg.num_spec_tokens + 1 <= cfg.max_model_len
+                ):
+                    if 1 + cfg.num_spec_tokens > budget:
+                        break
+                    n = 1 + cfg.num_spec_tokens
+                    padded.add(r.request_id)
+                n = min(n, budget)
+                assert n > 0
+            out = self.emit(
+                O.AllocateSlots(
+                    r.request_id,
+                    n,
+                    num_new_computed_tokens=local,
+                    use_computed_blocks=looked_up,
+                    num_lookahead_tokens=0 if load_async else cfg.num_lookahead_tokens,
+                    num_external_computed_tokens=ext,
+                    delay_cache_blocks=load_async,
+                    num_encoder_tokens=self._encoder_tokens(r, num_computed),
+                    full_sequence_must_fit=cfg.reserve_full_isl,
+                    reserved_blocks=self._load_reservation() if load_async else 0,
+                    has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
+                )
+            )
+            if out is None:
+                padded.discard(r.request_id)
+                self.counts["admission_refused"] += 1
+                break
+            if load_async:
+                self._set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
+                self._set_computed(r, num_computed)
+                r.recv = "pending"
+                queue.popleft()
+                skipped_holding.append(r.request_id)
+                self.inflight_prefills.add(r.request_id)
+                self.counts["async_load"] += 1
+                continue
+            queue.popleft()
+            self.running.append(r.request_id)
+            scheduled[r.request_id] = n
+            budget -= n
+            self._set_status(r, RequestStatus.RUNNING)
+            self._set_computed(r, num_computed)
+            r.sync_ext_this_step = ext
+            if num_computed + n < r.num_tokens:
+                self.inflight_prefills.add(r.request_id)
+            self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
+            if ext:
+                self.counts["sync_load"] += 1
+        # Skipped requests go back to the front of their queues, in order.
+        for rid in reversed(skipped_waiting):
+            self.waiting.appendleft(rid)
+        for rid in reversed(skipped_holding):
+            self.kv_holding.appendleft(rid)
+
+    def _encoder_tokens(self, r: SReq, num_computed: int) -> int:
+        """vLLM 0.33 ``_try_schedule_encoder_inputs`` for an encoder-decoder model: the encoder
+        inputs (all at position 0) are scheduled while no decoder token is computed, and their
+        embeddings are passed as ``num_encoder_tokens``; later steps pass 0."""
+        if not self.cfg.encoder_decoder or num_computed > 0:
+            return 0
+        return sum(m.length for m in r.mm_features)
+
+    def update_from_output(self, batch: Batch) -> None:
+        """vLLM 0.33 ``update_from_output`` for one batch (synchronous or async scheduling)."""
+        if self.cfg.async_scheduling:
+            self._update_from_async_output(batch)
+        else:
+            self._update_from_sync_output(batch)
+
+    def _update_from_async_output(self, batch: Batch) -> None:
+        """Async scheduling: each request's in-flight count drops by its share of the batch; output
+        of a step from before a preemption is stale (delivered, counters untouched)."""
+        for rid, n in batch.scheduled.items():
+            r = self.reqs.get(rid)
+            if r is None:
+                continue  # finished or aborted while the step was in flight: output dropped
+            self._set_in_flight(r, r.num_in_flight_tokens - n)
+            stale = r.num_stale_output_tokens > 0
+            if stale:
+                r.num_stale_output_tokens -= n
+                self.counts["stale_output"] += 1
+            if rid in batch.samples:
+                self._take_async_token(r, stale)
+
+    def _take_async_token(self, r: SReq, stale: bool) -> None:
+        """``_update_request_with_output`` under async scheduling: append the sampled token; a fresh
+        one resolves a placeholder and caches the verified blocks of a running request on the
+        processed basis (``num_computed_tokens - num_in_flight_tokens``)."""
+        running = r.status == RequestStatus.RUNNING
+        if r.num_tokens < self.cfg.max_model_len:
+            self._change(r, O.AppendOutputTokens(r.request_id, (self.ch.token(f"sampled:{r.request_id}"),)))
+        if not stale and r.num_output_placeholders > 0:
+            r.num_output_placeholders -= 1
+            if running:
+                self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens - r.num_in_flight_tokens))
+                self.counts["early_cache"] += 1
+        if r.num_tokens >= self.cfg.max_model_len:
+            self.finish(r.request_id)
+            self.counts["finish_max_model_len"] += 1
+
+    def _update_from_sync_output(self, batch: Batch) -> None:
+        """Rejections roll back, sampled tokens are appended (hashing full blocks), verified blocks
+        are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
+        cfg = self.cfg
+        scheduled, padded = batch.scheduled, batch.padded
+        failed: list[SReq] = []
+        invalid, recompute = self._invalid_blocks(scheduled)
+        affected = self._handle_invalid_blocks(invalid, recompute, scheduled, failed) if invalid else set()
+        for rid in list(scheduled):
+            r = self.reqs.get(rid)
+            if r is None or rid not in self.running or rid in affected:
+                continue
+            if r.num_computed_tokens < r.num_tokens:
+                continue  # a partial prefill chunk samples nothing
+            drafts = batch.drafts.get(rid, ())
+            if rid in padded:
+                drafts = (-1,) * cfg.num_spec_tokens
+            accepted = 0
+            if drafts and rid not in padded:
+                accepted = self.ch.integer(0, len(drafts), f"accepted_drafts:{rid}")
+            rejected = len(drafts) - accepted
+            if rejected and r.num_computed_tokens > 0:
+                self._set_computed(r, r.num_computed_tokens - rejected)
+                self.counts["spec_rejection"] += 1
+            new_tokens = list(drafts[:accepted]) + [self.ch.token(f"sampled:{rid}")]
+            # vLLM 0.33 ``_update_request_with_output``: tokens after a stop are dropped, and the
+            # computed count gives them back (it covers every kept token but the last).
+            keep = min(len(new_tokens), cfg.max_model_len - r.num_tokens)
+            stopped = r.num_tokens + keep >= cfg.max_model_len
+            told = self.stops(rid, tuple(new_tokens[:keep])) if self.stops is not None else None
+            if told is not None:
+                keep, stopped = min(keep, told), True
+            if keep < len(new_tokens):
+                self._set_computed(r, r.num_computed_tokens - (len(new_tokens) - keep))
+                new_tokens = new_tokens[:keep]
+            if new_tokens:
+                self._change(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
+                if cfg.num_spec_tokens > 0:
+                    self.emit(O.CacheBlocks(rid, r.num_computed_tokens))
+                    self.counts["early_cache"] += 1
+            if stopped:
+                self.counts["finish_max_model_len" if r.num_tokens >= cfg.max_model_len else "finish_stop"] += 1
+                self.finish(rid)
+                continue
+            if cfg.num_spec_tokens > 0:
+                k = self.ch.integer(0, cfg.num_spec_tokens, f"num_drafts:{rid}")
+                drafts = tuple(self.ch.token(f"draft:{rid}") for _ in range(k))
+                self._set_spec(r, drafts)
+                if drafts:
+                    self.counts["drafts"] += 1
+        for r in failed:
+            self._free(r)
+
+    # --- queries for rules ---------------------------------------------------------------------
+
+    def loading(self) -> list[str]:
+        return [rid for rid, r in self.reqs.items() if r.recv == "pending"] + list(self.loading_aborted)
+
+    def idle(self) -> bool:
+        return not self.reqs and not self.loading_aborted and not self.in_flight
