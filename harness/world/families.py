@@ -3,22 +3,8 @@
 Pools are small so that admission failures, eviction and preemption are common; block sizes,
 windows, chunks and model lengths are drawn at and around block multiples, where managers break.
 
-- ``full``: one full-attention group;
-- ``sliding_window``: one sliding-window group;
-- ``chunked_local``: one chunked-local-attention group;
-- ``hybrid_equal``: full attention + sliding window (or chunked local), equal block sizes;
-- ``hybrid_diff``: full attention + sliding window with different block sizes (LCM alignment);
-- ``no_cache``: prefix caching off (any of the above layouts);
-- ``events``: KV-cache events on (full or sliding window), drained every step;
-- ``cbor``: any layout hashed with ``sha256_cbor`` (events on half of the time);
-- ``encoder_decoder``: decoder group(s) and a cross-attention group, caching off (vLLM 0.33 cannot
-  cache cross attention); every request has an encoder input, passed as ``num_encoder_tokens``;
-- ``v0_20``: any layout under the 0.20 free-queue order (``Profile.V0_20``; vLLM 0.33 is
-  ``Unsupported`` there, so it runs against spec / impl / user targets);
-- ``async_sched``: async scheduling, ``max_in_flight_tokens = 2 * budget`` (window admission caps)
-  and requests with tokens in flight (``SetNumInFlightTokens``);
-- ``hash_block_override``: a hybrid layout hashed in blocks smaller than its groups' GCD;
-- ``prompt_embeds``: requests may carry prompt embeddings instead of token ids.
+Each family is a config strategy registered with ``@family(name)`` (its docstring is its
+one-line summary, ``REGISTRY[name].doc``); ``--family all`` runs them in registration order.
 
 docs/families.md lists every spec input and the family that varies it.
 """
@@ -26,7 +12,9 @@ docs/families.md lists every spec input and the family that varies it.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
@@ -41,33 +29,39 @@ from spec.config import (
 )
 from spec.types import BlockCount, TokenCount
 
-FAMILIES = (
-    "full",
-    "sliding_window",
-    "chunked_local",
-    "hybrid_equal",
-    "hybrid_diff",
-    "no_cache",
-    "events",
-    "cbor",
-    "encoder_decoder",
-    "v0_20",
-    "async_sched",
-    "hash_block_override",
-    "prompt_embeds",
-)
+StrategyFn = TypeVar("StrategyFn", bound=Callable[..., Any])  # an st.composite function
 
-# Families whose workload draws more than the config shows (``harness.world.workload.draw_sched_config``).
-WORKLOAD_FEATURES: dict[str, frozenset[str]] = {
-    "encoder_decoder": frozenset({"encoder_decoder"}),
-    "async_sched": frozenset({"async_scheduling"}),
-    "prompt_embeds": frozenset({"prompt_embeds"}),
-}
+@dataclass(frozen=True)
+class Family:
+    """A named family: ``strategy()`` draws its configs; ``features`` are the workload features it
+    turns on (``harness.world.workload.draw_sched_config`` draws more for them); ``doc`` is one line."""
+
+    name: str
+    strategy: Callable[[], st.SearchStrategy[KVCacheConfig]]
+    features: frozenset[str]
+    doc: str
+
+
+REGISTRY: dict[str, Family] = {}  # every family, in the order ``--family all`` runs them
+
+
+def family(name: str, features: Collection[str] = ()) -> Callable[[StrategyFn], StrategyFn]:
+    """Register a config strategy (an ``st.composite`` function, docstring = its one-line summary)
+    as family ``name`` (docs/architecture.md, "Add a family")."""
+
+    def register(fn: StrategyFn) -> StrategyFn:
+        assert name not in REGISTRY, f"family {name!r} registered twice"
+        summary = " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+        assert summary, f"family {name!r}: its strategy needs a docstring (its summary in docs/families.md)"
+        REGISTRY[name] = Family(name, fn, frozenset(features), summary)
+        return fn
+
+    return register
 
 
 def workload_features(family: str) -> frozenset[str]:
     """The workload features a family turns on (none for most)."""
-    return WORKLOAD_FEATURES.get(family, frozenset())
+    return REGISTRY[family].features
 
 
 def near_multiples(m: int, lo: int, hi: int) -> st.SearchStrategy[int]:
@@ -94,16 +88,20 @@ def _pool(draw: st.DrawFn, blocks_per_seq: int) -> tuple[int, int]:
     return num_blocks, seq_blocks
 
 
+@family("full")
 @st.composite
 def _full(draw: st.DrawFn) -> KVCacheConfig:
+    """One full-attention group."""
     bs = draw(st.sampled_from([1, 2, 4]))
     num_blocks, seq_blocks = draw(_pool(8))
     mml = draw(near_multiples(bs, 2, seq_blocks * bs))
     return KVCacheConfig(BlockCount(num_blocks), (full_attention(bs),), TokenCount(max(2, mml)))
 
 
+@family("sliding_window")
 @st.composite
 def _sliding(draw: st.DrawFn) -> KVCacheConfig:
+    """One sliding-window group."""
     bs = draw(st.sampled_from([1, 2, 4]))
     window = draw(near_multiples(bs, 1, 3 * bs + 1))
     num_blocks, seq_blocks = draw(_pool(10))
@@ -111,8 +109,10 @@ def _sliding(draw: st.DrawFn) -> KVCacheConfig:
     return KVCacheConfig(BlockCount(num_blocks), (sliding_window(bs, window),), TokenCount(max(2, mml)))
 
 
+@family("chunked_local")
 @st.composite
 def _chunked(draw: st.DrawFn) -> KVCacheConfig:
+    """One chunked-local-attention group."""
     bs = draw(st.sampled_from([1, 2, 4]))
     chunk = draw(near_multiples(bs, 1, 3 * bs + 1))
     num_blocks, seq_blocks = draw(_pool(10))
@@ -120,8 +120,10 @@ def _chunked(draw: st.DrawFn) -> KVCacheConfig:
     return KVCacheConfig(BlockCount(num_blocks), (chunked_local(bs, chunk),), TokenCount(max(2, mml)))
 
 
+@family("hybrid_equal")
 @st.composite
 def _hybrid_equal(draw: st.DrawFn) -> KVCacheConfig:
+    """Full attention + sliding window (or chunked local), equal block sizes."""
     bs = draw(st.sampled_from([1, 2, 4]))
     if draw(st.booleans()):
         other = sliding_window(bs, draw(near_multiples(bs, 1, 3 * bs + 1)))
@@ -134,8 +136,10 @@ def _hybrid_equal(draw: st.DrawFn) -> KVCacheConfig:
     return KVCacheConfig(BlockCount(num_blocks), groups, TokenCount(max(2, mml)))
 
 
+@family("hybrid_diff")
 @st.composite
 def _hybrid_diff(draw: st.DrawFn) -> KVCacheConfig:
+    """Full attention + sliding window with different block sizes (LCM alignment)."""
     small = draw(st.sampled_from([1, 2]))
     big = small * draw(st.sampled_from([2, 4]))
     fa_bs, swa_bs = (big, small) if draw(st.booleans()) else (small, big)
@@ -149,14 +153,18 @@ def _hybrid_diff(draw: st.DrawFn) -> KVCacheConfig:
     )
 
 
+@family("no_cache")
 @st.composite
 def _no_cache(draw: st.DrawFn) -> KVCacheConfig:
+    """Prefix caching off (any of the first four layouts)."""
     base = draw(st.one_of(_full(), _sliding(), _chunked(), _hybrid_equal()))
     return KVCacheConfig(base.num_blocks, base.groups, base.max_model_len, enable_caching=False)
 
 
+@family("events")
 @st.composite
 def _events(draw: st.DrawFn) -> KVCacheConfig:
+    """KV-cache events on (full or sliding window), drained every step."""
     base = draw(st.one_of(_full(), _sliding()))
     return KVCacheConfig(base.num_blocks, base.groups, base.max_model_len, enable_kv_cache_events=True)
 
@@ -166,12 +174,15 @@ def _any_layout() -> st.SearchStrategy[KVCacheConfig]:
     return st.one_of(_full(), _sliding(), _chunked(), _hybrid_equal(), _hybrid_diff())
 
 
+@family("cbor")
 @st.composite
 def _cbor(draw: st.DrawFn) -> KVCacheConfig:
+    """Any layout hashed with ``sha256_cbor`` (events on half of the time)."""
     base = draw(_any_layout())
     return replace(base, hash_algo="sha256_cbor", enable_kv_cache_events=draw(st.booleans()))
 
 
+@family("encoder_decoder", features={"encoder_decoder"})
 @st.composite
 def _encoder_decoder(draw: st.DrawFn) -> KVCacheConfig:
     """Whisper-like: full attention (maybe with a sliding-window group) plus cross attention, all
@@ -188,12 +199,15 @@ def _encoder_decoder(draw: st.DrawFn) -> KVCacheConfig:
     return KVCacheConfig(BlockCount(num_blocks), groups, TokenCount(max(2, mml)), enable_caching=False)
 
 
+@family("v0_20")
 @st.composite
 def _v0_20(draw: st.DrawFn) -> KVCacheConfig:
+    """Any layout under the 0.20 free-queue order (``Profile.V0_20``)."""
     base = draw(_any_layout())
     return replace(base, profile=Profile.V0_20, enable_caching=draw(st.integers(0, 3)) != 0)
 
 
+@family("async_sched", features={"async_scheduling"})
 @st.composite
 def _async_sched(draw: st.DrawFn) -> KVCacheConfig:
     """Async scheduling: two batches in flight, so ``max_in_flight_tokens`` is twice the budget."""
@@ -203,6 +217,7 @@ def _async_sched(draw: st.DrawFn) -> KVCacheConfig:
     return replace(base, max_in_flight_tokens=TokenCount(2 * budget))
 
 
+@family("hash_block_override")
 @st.composite
 def _hash_block_override(draw: st.DrawFn) -> KVCacheConfig:
     """A hybrid layout (vLLM 0.33 requires hash_block_size == block_size for one group) hashed in
@@ -213,34 +228,22 @@ def _hash_block_override(draw: st.DrawFn) -> KVCacheConfig:
     return replace(base, hash_block_size_override=TokenCount(override), enable_kv_cache_events=draw(st.booleans()))
 
 
+@family("prompt_embeds", features={"prompt_embeds"})
 @st.composite
 def _prompt_embeds(draw: st.DrawFn) -> KVCacheConfig:
+    """Requests may carry prompt embeddings instead of token ids."""
     return draw(st.one_of(_full(), _sliding(), _hybrid_equal()))
 
 
-STRATEGIES = {
-    "full": _full,
-    "sliding_window": _sliding,
-    "chunked_local": _chunked,
-    "hybrid_equal": _hybrid_equal,
-    "hybrid_diff": _hybrid_diff,
-    "no_cache": _no_cache,
-    "events": _events,
-    "cbor": _cbor,
-    "encoder_decoder": _encoder_decoder,
-    "v0_20": _v0_20,
-    "async_sched": _async_sched,
-    "hash_block_override": _hash_block_override,
-    "prompt_embeds": _prompt_embeds,
-}
+FAMILIES = tuple(REGISTRY)  # the built-in families
 
 
 def configs(family: str) -> st.SearchStrategy[KVCacheConfig]:
     """The family's configs, validated."""
     try:
-        strategy = STRATEGIES[family]()
+        strategy = REGISTRY[family].strategy()
     except KeyError:
-        raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})") from None
+        raise ValueError(f"unknown family {family!r} (known: {', '.join(REGISTRY)})") from None
     return strategy.map(lambda c: c.validate())
 
 
@@ -250,8 +253,8 @@ def parse_families(text: str) -> list[str]:
     if not names:
         raise ValueError("--family needs at least one family name or 'all'")
     if names == ["all"]:
-        return list(FAMILIES)
-    bad = [n for n in names if n not in STRATEGIES]
+        return list(REGISTRY)
+    bad = [n for n in names if n not in REGISTRY]
     if bad:
-        raise ValueError(f"unknown family {', '.join(bad)} (known: {', '.join(FAMILIES)}, all)")
+        raise ValueError(f"unknown family {', '.join(bad)} (known: {', '.join(REGISTRY)}, all)")
     return names
