@@ -10,7 +10,7 @@ last hash boundary when it falls inside a block (``cache_partial_block``).  Such
 block's primary key if it had none, else a secondary key; it is dropped when the block is promoted
 to its full key, evicted or reset.
 
-Representation (``spec.persistent``): up to ``SMALL_POOL`` blocks, tuples and dicts rebuilt per
+Representation (``spec.persistent``, ``spec.linked_queue``): up to ``SMALL_POOL`` blocks, tuples and dicts rebuilt per
 operation (cheapest at that size); above, persistent containers that share what an operation
 leaves alone, so a step costs the same at 1,024 and 65,536 blocks.  Both read alike:
 - ``ref_cnt[b]``, ``block_key[b]``, ``block_key_tokens[b]``: per block id, the ref count, the
@@ -32,18 +32,8 @@ from typing import Any, cast
 
 from spec.config import Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from spec.persistent import (
-    SMALL_POOL,
-    LinkedQueue,
-    MapOverlay,
-    PMap,
-    PVec,
-    VecOverlay,
-    queue_popleft,
-    queue_push,
-    queue_remove,
-    vec_set,
-)
+from spec.linked_queue import LinkedQueue, queue_popleft, queue_push, queue_remove
+from spec.persistent import SMALL_POOL, MapOverlay, PMap, PVec, VecOverlay, vec_set
 from spec.types import (
     NULL_BLOCK_ID,
     BlockCount,

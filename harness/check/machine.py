@@ -12,7 +12,6 @@ failures of exactly that combination first.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import traceback
 from collections import Counter
@@ -23,8 +22,9 @@ from typing import Any, TypeVar
 from hypothesis import assume, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from harness.check.hypothesis_run import cap_shrinking, run_as_test
 from harness.check.lockstep import Finding, FindingError, Lockstep
 from harness.core import ops as O
 from harness.targets.base import Target, Unsupported
@@ -82,15 +82,11 @@ def _record_finding(
 
 
 def _cap_shrinking(stats: RunStats) -> int:
-    """Hypothesis starts shrinking right after the first failing example and reads its bound
-    (``MAX_SHRINKING_SECONDS``, set by ``_run``) then: cut it to ``stats.shrink_share`` of the time left
-    before ``stats.deadline`` (rounded up to whole seconds); return the bound."""
-    from hypothesis.internal.conjecture import engine
-
-    if stats.deadline is not None:
-        left = max(0.0, stats.deadline - time.monotonic()) * stats.shrink_share
-        engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, math.ceil(left))
-    return engine.MAX_SHRINKING_SECONDS
+    """Hypothesis starts shrinking right after the first failing example and reads its bound (set
+    by ``run_machine``) then: cut it to ``stats.shrink_share`` of the time left before
+    ``stats.deadline`` (``harness.check.hypothesis_run.cap_shrinking``); return the bound."""
+    left = None if stats.deadline is None else max(0.0, stats.deadline - time.monotonic()) * stats.shrink_share
+    return cap_shrinking(left)
 
 
 def _when(name: str) -> Callable[[Any], bool]:
@@ -309,7 +305,7 @@ def run_machine(
     """Run the machine as one Hypothesis test; raises (after shrinking) on a finding.
 
     Shrinking is bounded by ``shrink_seconds`` (Hypothesis' own bound is 300 s, an internal
-    constant with no setting; it is lowered here for the duration of the run), and further by
+    constant with no setting; ``harness.check.hypothesis_run`` lowers it for the run), and further by
     ``stats.deadline`` when set (``_cap_shrinking``).  A family the
     target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
     vLLM 0.33) is skipped: recorded in ``stats.skipped`` and as the event
@@ -327,18 +323,10 @@ def run_machine(
 
 
 def _run(cls: type[KVMachine], hyp_settings: settings, seed: int | None, shrink_seconds: int) -> None:
-    from hypothesis.internal.conjecture import engine
+    """``cls`` as one Hypothesis test; the factory's text is part of its example-database key
+    (``harness.check.hypothesis_run.run_as_test``)."""
 
     def factory() -> KVMachine:
         return cls()
 
-    factory.__name__ = cls.__name__
-    factory._hypothesis_internal_add_digest = cls.__name__.encode()  # type: ignore[attr-defined]
-    if seed is not None:
-        factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-    saved = engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKING_SECONDS = shrink_seconds
-    try:
-        run_state_machine_as_test(factory, settings=hyp_settings)  # type: ignore[arg-type]
-    finally:
-        engine.MAX_SHRINKING_SECONDS = saved
+    run_as_test(factory, cls.__name__, hyp_settings, seed, shrink_seconds)

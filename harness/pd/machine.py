@@ -17,15 +17,9 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from harness.check.hypothesis_run import run_as_test
 from harness.pd import cluster, prefill, router
 from harness.pd.instance import make_config
 from harness.pd.invariants import PDViolation, check_pd_invariants
@@ -236,19 +230,10 @@ def run_pd_machine(
 ) -> None:
     """Run the machine as one Hypothesis test (shrinking bounded by ``shrink_seconds``); raises
     after shrinking on a finding, which ``cls.stats.last_finding`` then holds (the last failing
-    run is the shrunk one)."""
-    from hypothesis.internal.conjecture import engine
+    run is the shrunk one).  The factory's text is part of the example-database key
+    (``harness.check.hypothesis_run.run_as_test``)."""
 
     def factory() -> PDMachine:
         return cls()
 
-    factory.__name__ = cls.__name__
-    factory._hypothesis_internal_add_digest = cls.__name__.encode()  # type: ignore[attr-defined]
-    if seed is not None:
-        factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-    saved = engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKING_SECONDS = shrink_seconds
-    try:
-        run_state_machine_as_test(factory, settings=hyp_settings)  # type: ignore[arg-type]  # a factory works too
-    finally:
-        engine.MAX_SHRINKING_SECONDS = saved
+    run_as_test(factory, cls.__name__, hyp_settings, seed, shrink_seconds)

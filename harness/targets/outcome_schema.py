@@ -299,9 +299,10 @@ def check_observation(obs: Any, num_groups: int, num_blocks: int) -> None:
 
 
 def _plain(obs: Observation) -> Observation:
-    """The spec's own persistent containers (``spec.persistent``, large pools) read as the tuples
+    """The spec's own persistent containers (``spec.persistent``, ``spec.linked_queue``: large pools) read as the tuples
     and dicts they stand for; any other value is checked as it is."""
-    from spec.persistent import LinkedQueue, PMap, PVec
+    from spec.linked_queue import LinkedQueue
+    from spec.persistent import PMap, PVec
 
     seq = (PVec, LinkedQueue)
     fields: dict[str, Any] = {

@@ -10,7 +10,8 @@ from collections import Counter
 
 from spec.config import Profile
 from spec.invariants.registry import StepContext, invariant
-from spec.persistent import queue_push, vec_changed, vec_set
+from spec.linked_queue import queue_push
+from spec.persistent import vec_changed, vec_set
 from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 
 # --- operation postconditions ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The persistent containers (``spec.persistent``) behave like the tuples, lists and dicts they
+"""The persistent containers (``spec.persistent``, ``spec.linked_queue``) behave like the tuples, lists and dicts they
 replace, operation by operation; the spec with persistent containers equals the spec with tuples
 in lockstep on every family."""
 
@@ -12,7 +12,8 @@ from harness.check.machine import RunStats, make_machine, run_machine
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.world.families import FAMILIES
-from spec.persistent import CHUNK, LinkedQueue, PMap, PVec, queue_push, vec_changed, vec_set
+from spec.linked_queue import LinkedQueue, queue_push
+from spec.persistent import CHUNK, PMap, PVec, vec_changed, vec_set
 
 SIZES = st.sampled_from([1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 3, 3 * CHUNK + 1])
 
