@@ -1,6 +1,6 @@
 """HypoFuzz runs kvspec's state machines: ``hypothesis fuzz`` (HypoFuzz's command) on the pytest
 plugin's ``TestKVSpec_<family>`` tests finds a deliberate bug and records it in the shared example
-database (HypoFuzz's failure keys).  Slow (up to a minute): ``KVSPEC_SLOW=1``."""
+database (HypoFuzz's failure keys).  Full tier (up to a minute): ``bash ci/test --full``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 from ci_helpers import VENV_BIN, env
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full
 
 
 def failures(tmp_path) -> int:

@@ -34,6 +34,8 @@ def test_fuzz_junit_has_one_case_per_family(tmp_path):
         "no_cache,sliding_window",
         "--seconds",
         "3",
+        "--batch",
+        "1",  # rotate after each example: both families are reached even on a loaded machine
         "--junit-xml",
         "j/fuzz.xml",
         "--db",

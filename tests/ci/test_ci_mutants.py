@@ -149,7 +149,7 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
     assert KVCacheManager.__dict__["get_computed_blocks"] is original
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.mutant
 def test_the_whole_catalogue_is_killed(tmp_path):
     r = kvspec("mutants", "--seconds", "60", "--shrink-seconds", "3", "--out", "reports", cwd=tmp_path, timeout=1800)

@@ -139,8 +139,14 @@ def test_the_end_of_run_check_catches_a_late_change(runs):
     assert e.value.finding.step == len(ops) - 1
 
 
+# The two slowest to catch (tens of seconds each) run in the full tier; tests/mutants runs them always.
+FULL_TIER_ONLY = {"cache_drafts", "hits_not_touched"}
+
+
 @pytest.mark.mutant
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+@pytest.mark.parametrize(
+    "name", [n if n not in FULL_TIER_ONLY else pytest.param(n, marks=pytest.mark.full) for n in sorted(MUTANTS)]
+)
 def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
     """The same runs as tests/mutants, with glimpses between full checks every 4 operations and the
     persistent pool containers of large pools (``spec.persistent``) in these small ones: every

@@ -76,7 +76,13 @@ EXTRA = {
 }
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# The default tier covers one family of each kind of layout and workload; the full tier all of them.
+DEFAULT_TIER = ("full", "hybrid_diff", "encoder_decoder", "async_sched")
+
+
+@pytest.mark.parametrize(
+    "family", [f if f in DEFAULT_TIER else pytest.param(f, marks=pytest.mark.full) for f in FAMILIES]
+)
 def test_family_reaches_its_actions(family):
     """Runs of 400 examples (seeds 7, 8, ...) until every reachable action was seen, at most 5 runs:
     rare actions (preemption needs several running requests to outgrow the pool) are reached within

@@ -1,4 +1,5 @@
-"""CI's fuzzing job against the real vLLM: the CLI exactly as users script it, for a short while.
+"""CI's fuzzing job against the real vLLM: the CLI exactly as users script it, for a short while
+(longer in the full tier).
 
 A finding makes the test fail with the report's first lines; the report folder stays under the
 test's tmp dir (and the Hypothesis database keeps the example, so the next run retries it first).
@@ -39,9 +40,9 @@ def run_fuzz(tmp_path: Path, *extra: str) -> None:
     assert "no finding" in proc.stdout
 
 
-def test_fuzz_vllm_against_the_spec(tmp_path):
-    run_fuzz(tmp_path, "--seconds", "45")
+def test_fuzz_vllm_against_the_spec(tmp_path, full_tier):
+    run_fuzz(tmp_path, "--seconds", "45" if full_tier else "12")
 
 
-def test_fuzz_vllm_kv_contents(tmp_path):
-    run_fuzz(tmp_path, "--seconds", "30", "--kv-check")
+def test_fuzz_vllm_kv_contents(tmp_path, full_tier):
+    run_fuzz(tmp_path, "--seconds", "30" if full_tier else "10", "--kv-check")
