@@ -29,7 +29,6 @@ killed no mutant.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -38,6 +37,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from harness.run.options import MutantsOptions, UsageError
 
 EXIT_OK, EXIT_SURVIVED, EXIT_USAGE = 0, 1, 2
 RELATION_CHECKS = ("outcome", "observation")
@@ -84,34 +85,43 @@ class Row:
 
 
 def add_parser(sub: Any) -> None:
+    D = MutantsOptions  # the defaults (class attributes of the dataclass), so the two cannot drift
     m = sub.add_parser("mutants", help="run the deliberate-bug catalogue as a campaign; exit 1 if a mutant survives")
-    m.add_argument("--target", default=None, help="pkg.module:factory: run that manager's own mutants (see --mutants)")
+    m.add_argument(
+        "--target", default=D.target, help="pkg.module:factory: run that manager's own mutants (see --mutants)"
+    )
     m.add_argument(
         "--mutants",
-        default=None,
+        default=D.mutants,
         help="pkg.module:callable returning {name: factory} (default: <target module>:mutants)",
     )
     m.add_argument(
-        "--family", default="full", help="families of a user's mutants (comma-separated or 'all'; default full)"
+        "--family", default=D.family, help="families of a user's mutants (comma-separated or 'all'; default full)"
     )
-    m.add_argument("--relation", default="exact", help="equality relation of a user's mutants (default exact)")
+    m.add_argument("--relation", default=D.relation, help="equality relation of a user's mutants (default exact)")
     m.add_argument(
-        "--only", default=None, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)"
+        "--only", default=D.only, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)"
     )
-    m.add_argument("--seconds", type=float, default=60.0, help="time budget per mutant (default 60)")
-    m.add_argument("--shrink-seconds", type=int, default=10)
+    m.add_argument("--seconds", type=float, default=D.seconds, help="time budget per mutant (default 60)")
+    m.add_argument("--shrink-seconds", type=int, default=D.shrink_seconds)
     m.add_argument(
-        "--reduce-seconds", type=float, default=15.0, help="trace reduction bound (harness/traces/reduce.py)"
+        "--reduce-seconds",
+        type=float,
+        default=D.reduce_seconds,
+        help="trace reduction bound (harness/traces/reduce.py)",
     )
-    m.add_argument("--seed", type=int, default=11)
-    m.add_argument("--profile", default="ci")
-    m.add_argument("--batch", type=int, default=25, help="examples per family before rotating")
-    m.add_argument("--step-timeout", type=float, default=10.0)
+    m.add_argument("--seed", type=int, default=D.seed)
+    m.add_argument("--profile", default=D.profile)
+    m.add_argument("--batch", type=int, default=D.batch, help="examples per family before rotating")
+    m.add_argument("--step-timeout", type=float, default=D.step_timeout)
     m.add_argument("--use-db", action="store_true", help="use the example database (default: none, for honest timings)")
-    m.add_argument("--out", default="kvspec-reports/mutants", help="where the killing reports go")
+    m.add_argument("--out", default=D.out, help="where the killing reports go")
     m.add_argument("--no-vllm", action="store_true", help="leave out the runtime vLLM mutants")
     m.add_argument(
-        "--control-seconds", type=float, default=10.0, help="how long the unmutated user target is fuzzed first"
+        "--control-seconds",
+        type=float,
+        default=D.control_seconds,
+        help="how long the unmutated user target is fuzzed first",
     )
 
 
@@ -239,7 +249,7 @@ def check_of(finding: dict[str, Any]) -> str:
     return kind
 
 
-def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
+def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
     from hypothesis import Verbosity
 
     from harness.run.fuzzing import run_fuzz
@@ -248,24 +258,13 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
 
     if entry.origin == "scheduler":
         return run_scheduler_entry(entry, opts)
-    args = argparse.Namespace(
-        target=entry.target,
-        relation="exact" if entry.mode == "self" else entry.mode,
-        seconds=opts.seconds,
-        seed=opts.seed,
-        profile=opts.profile,
-        batch=opts.batch,
-        shrink_seconds=opts.shrink_seconds,
-        reduce_seconds=opts.reduce_seconds,
-        step_timeout=opts.step_timeout,
-        kv_check=False,
-    )
+    fuzz = opts.fuzz_options(entry.target, entry.families, "exact" if entry.mode == "self" else entry.mode)
     overrides: dict[str, Any] = {"verbosity": Verbosity.quiet}  # the table is the output, not Hypothesis' notes
     if not opts.use_db:
         overrides["database"] = None
     start = time.monotonic()
     with entry.patch() if entry.patch else nullcontext():
-        res = run_fuzz(args, list(entry.families), entry.factory, settings_overrides=overrides)
+        res = run_fuzz(fuzz, entry.factory, settings_overrides=overrides)
     if res.trace is None:
         note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} examples, {res.steps} steps"
         return Row(entry, killed=False, note=note)
@@ -282,7 +281,7 @@ def run_entry(entry: Entry, opts: argparse.Namespace) -> Row:
     )
 
 
-def run_scheduler_entry(entry: Entry, opts: argparse.Namespace) -> Row:
+def run_scheduler_entry(entry: Entry, opts: MutantsOptions) -> Row:
     """A deliberate bug in vLLM's real scheduler (``harness.vllm_sched.mutants``): seeded runs of the
     real scheduler with the spec in lockstep behind its manager until the first finding; the run is
     reduced by re-driving the mutated scheduler with simpler inputs, then its operations on the real
@@ -298,7 +297,7 @@ def run_scheduler_entry(entry: Entry, opts: argparse.Namespace) -> Row:
         res, family, seed, runs, first = first_finding(entry.families, opts.seconds, opts.seed)
         if res is None or res.finding is None:
             return Row(entry, killed=False, note=f"survived {runs} scheduler runs")
-        report = write_finding(str(opts.out), res, family, seed, opts.reduce_seconds)
+        report = write_finding(opts.out, res, family, seed, opts.reduce_seconds)
     trace = json.loads((report / "trace.json").read_text())
     return Row(
         entry,
@@ -365,26 +364,19 @@ def _secs(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}s"
 
 
-def mutants_cmd(args: argparse.Namespace) -> int:
-    from harness.core.equality import RELATIONS
-    from harness.run.options import UsageError
-    from harness.run.profiles import profile_settings
+def mutants_cmd(opts: MutantsOptions) -> int:
+    """``kvspec mutants``, its options already checked (``MutantsOptions.from_namespace``)."""
     from harness.world.families import parse_families
 
-    if args.seconds <= 0:
-        raise UsageError("--seconds must be > 0")
     try:
-        profile_settings(args.profile)
-        if args.target is not None:
-            if args.relation not in RELATIONS:
-                raise ValueError(f"unknown relation {args.relation!r} (known: {', '.join(RELATIONS)})")
-            entries = user_entries(args.target, args.mutants, tuple(parse_families(args.family)), args.relation)
+        if opts.target is not None:
+            entries = user_entries(opts.target, opts.mutants, tuple(parse_families(opts.family)), opts.relation)
         else:
-            entries = builtin_entries(with_vllm=not args.no_vllm and _has_vllm())
-        entries = select(entries, args.only)
+            entries = builtin_entries(with_vllm=not opts.no_vllm and _has_vllm())
+        entries = select(entries, opts.only)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.target is not None and not _control_passes(args, entries):
+    if opts.target is not None and not _control_passes(opts, opts.target, entries):
         return EXIT_USAGE
     rows = []
     for entry in entries:
@@ -393,31 +385,30 @@ def mutants_cmd(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        rows.append(run_entry(entry, args))
+        rows.append(run_entry(entry, opts))
     for line in render_table(rows):
         print(line)
     killed = sum(r.killed for r in rows)
-    print(f"\nkvspec mutants: {killed}/{len(rows)} killed; reports under {args.out}")
+    print(f"\nkvspec mutants: {killed}/{len(rows)} killed; reports under {opts.out}")
     times = sorted(r.to_report for r in rows if r.to_report is not None)
     if times:
         print(f"start to report: median {statistics.median(times):.1f}s, worst {times[-1]:.1f}s")
-    if args.target is None and not args.only:
+    if opts.target is None and not opts.only:
         rest = uncovered(rows)
         print(f"checks that killed no mutant ({len(rest)} of {len(all_checks())}): {', '.join(rest) or 'none'}")
     return EXIT_OK if killed == len(rows) else EXIT_SURVIVED
 
 
-def _control_passes(args: argparse.Namespace, entries: list[Entry]) -> bool:
+def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:
     """The unmutated user target must survive the same families for a short while."""
     from harness.targets import target_factory
 
     fams = tuple(sorted({f for e in entries for f in e.families}))
-    control = Entry("(control)", "user", args.relation, args.target, fams, target_factory(args.target))
-    opts = argparse.Namespace(**{**vars(args), "seconds": args.control_seconds})
-    row = run_entry(control, opts)
+    control = Entry("(control)", "user", opts.relation, target, fams, target_factory(target))
+    row = run_entry(control, opts.control())
     if row.killed:
         print(
-            f"kvspec mutants: the unmutated target {args.target} already fails ({row.check}; report {row.report}): "
+            f"kvspec mutants: the unmutated target {target} already fails ({row.check}; report {row.report}): "
             "fix it (or pick --family / --relation) before judging its mutants",
             file=sys.stderr,
         )

@@ -17,18 +17,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
-import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from harness.run.options import UsageError
+from harness.run.options import FuzzOptions, MutantsOptions, UsageError, fuzz_environ
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
@@ -38,32 +31,31 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvspec", description="Differential fuzzing of KV-cache managers against kvspec's model of vLLM 0.33."
     )
     sub = p.add_subparsers(dest="command", required=True)
+    D = FuzzOptions  # the defaults (class attributes of the dataclass), so the two cannot drift
     f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds")
-    f.add_argument("--target", default="spec", help="spec, vllm, impl, mutant:NAME or package.module:factory")
+    f.add_argument("--target", default=D.target, help="spec, vllm, impl, mutant:NAME or package.module:factory")
     f.add_argument("--family", default="all", help="comma-separated config families, or 'all'")
     f.add_argument(
-        "--seconds", type=float, default=60.0, help="wall-time bound of the whole run, shrinking included (> 0)"
+        "--seconds", type=float, default=D.seconds, help="wall-time bound of the whole run, shrinking included (> 0)"
     )
-    f.add_argument("--seed", type=int, default=0, help="any integer")
+    f.add_argument("--seed", type=int, default=D.seed, help="any integer")
+    f.add_argument("--out", default=D.out, help="report folder (written only on a finding; checked writable first)")
+    f.add_argument("--relation", default=D.relation, help="equality relation: exact, outcomes, invariants")
+    f.add_argument("--profile", default=D.profile, help="Hypothesis profile: dev, ci, nightly")
     f.add_argument(
-        "--out", default="kvspec-reports", help="report folder (written only on a finding; checked writable first)"
+        "--step-timeout", type=float, default=D.step_timeout, help="seconds one target call may take (> 0, <= 86400)"
     )
-    f.add_argument("--relation", default="exact", help="equality relation: exact, outcomes, invariants")
-    f.add_argument("--profile", default="dev", help="Hypothesis profile: dev, ci, nightly")
-    f.add_argument(
-        "--step-timeout", type=float, default=10.0, help="seconds one target call may take (> 0, <= 86400)"
-    )
-    f.add_argument("--batch", type=int, default=10, help="examples per family before rotating (>= 1)")
+    f.add_argument("--batch", type=int, default=D.batch, help="examples per family before rotating (>= 1)")
     f.add_argument(
         "--shrink-seconds",
         type=int,
-        default=10,
+        default=D.shrink_seconds,
         help="time bound for Hypothesis' shrinking of a finding (0..86400; also capped by the time --seconds leaves)",
     )
     f.add_argument(
         "--reduce-seconds",
         type=float,
-        default=15.0,
+        default=D.reduce_seconds,
         help="time bound for reducing the shrunk trace by replaying operations (harness/traces/reduce.py); 0: off "
         "(0..86400; also capped by the time --seconds leaves)",
     )
@@ -83,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=D.workers,
         help="N processes (1..256), one Hypothesis engine each, on the one database; the first finding stops all",
     )
     f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
@@ -140,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
     try:
         if args.command == "fuzz":
-            with _restored_environ("KVSPEC_DB", "KVSPEC_LEDGER", "KVSPEC_STRICT_KNOWN"):
-                return fuzz(args)
+            opts = FuzzOptions.from_namespace(args)
+            with fuzz_environ(opts):
+                return fuzz(opts)
         if args.command == "replay":
             return replay_cmd(args)
         if args.command == "report":
@@ -149,203 +142,77 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "mutants":
             from harness.campaign import mutants_cmd
 
-            return mutants_cmd(args)
+            return mutants_cmd(MutantsOptions.from_namespace(args))
     except UsageError as e:
         print(f"kvspec {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
 
 
-@contextlib.contextmanager
-def _restored_environ(*names: str) -> Iterator[None]:
-    """``fuzz`` hands its options to worker processes through these variables; the caller's
-    environment is put back afterwards (``main`` may be called again in the same process)."""
-    saved = {n: os.environ.get(n) for n in names}
-    try:
-        yield
-    finally:
-        for n, v in saved.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
-
-
 # --- fuzz ------------------------------------------------------------------------------------------
 
 
-def fuzz(args: argparse.Namespace) -> int:
-    """``kvspec fuzz``: every option checked before any work (``UsageError``, exit 2), then the run with
-    SIGINT and SIGTERM handled (``harness.run.signals.SIGNALS``: a clean stop that keeps a finding), then the
-    summary and the report (``finish_fuzz``)."""
+def fuzz(opts: FuzzOptions) -> int:
+    """``kvspec fuzz``, its options already checked (``FuzzOptions.from_namespace``) and set in the
+    environment (``fuzz_environ``): the run with SIGINT and SIGTERM handled
+    (``harness.run.signals.SIGNALS``: a clean stop that keeps a finding), then the summary and the
+    report (``finish_fuzz``)."""
     from harness.run.finish import finish_fuzz
     from harness.run.fuzzing import FuzzResult
     from harness.run.signals import SIGNALS, Interrupted
-
-    families = _check_fuzz_options(args)
-    _set_fuzz_environ(args)
     from harness.vllm_sched.fuzz import fuzz_cli, handles
 
-    if handles(args.target):  # vLLM's real scheduler drives the manager (harness/vllm_sched/)
-        return fuzz_cli(args, families)
+    if handles(opts.target):  # vLLM's real scheduler drives the manager (harness/vllm_sched/)
+        return fuzz_cli(opts)
     tty = sys.stderr.isatty()
     with SIGNALS.installed():
         try:
             with SIGNALS.armed():
-                factory = _load_fuzz_target(args)
-            workers = f", {args.workers} workers" if args.workers > 1 else ""
+                factory = _load_fuzz_target(opts)
+            workers = f", {opts.workers} workers" if opts.workers > 1 else ""
             print(
-                f"kvspec fuzz: target {args.target}, families {','.join(families)}, up to {args.seconds:g}s, "
-                f"seed {args.seed}{workers}; reports to {args.out}",
+                f"kvspec fuzz: target {opts.target}, families {','.join(opts.families)}, up to {opts.seconds:g}s, "
+                f"seed {opts.seed}{workers}; reports to {opts.out}",
                 file=sys.stderr,
                 flush=True,
             )
-            res = _run_fuzz(args, families, factory, tty)
+            res = _run_fuzz(opts, factory, tty)
         except Interrupted as e:  # while the target was loading
             res = FuzzResult(interrupted=e.signum)
         if tty:
             print(file=sys.stderr)
-        return finish_fuzz(args, families, res, verbose=tty or args.stats)
+        return finish_fuzz(opts, res, verbose=tty or opts.stats)
 
 
-def _run_fuzz(args: argparse.Namespace, families: list[str], factory: Any, tty: bool) -> Any:
+def _run_fuzz(opts: FuzzOptions, factory: Any, tty: bool) -> Any:
     """One process (a progress line on a terminal) or ``--workers`` processes; the ``FuzzResult``."""
     from harness.run.fuzzing import progress_line, run_fuzz
 
-    if args.workers > 1:
+    if opts.workers > 1:
         from harness.run.workers import fuzz_workers
 
-        return fuzz_workers(args, families, progress=tty)
+        return fuzz_workers(opts, progress=tty)
     last = [0.0]
 
     def on_batch(r: Any, elapsed: float) -> None:
         if tty and elapsed - last[0] > 0.5:
             last[0] = elapsed
-            print(progress_line(elapsed, r, families), end="", file=sys.stderr, flush=True)
+            print(progress_line(elapsed, r, opts.families), end="", file=sys.stderr, flush=True)
 
     def announce(line: str) -> None:
         print(("\n" if tty else "") + line, file=sys.stderr, flush=True)
 
-    return run_fuzz(args, families, factory, on_batch=on_batch, bounded=True, announce=announce)
+    return run_fuzz(opts, factory, on_batch=on_batch, bounded=True, announce=announce)
 
 
-def _check_fuzz_options(args: argparse.Namespace) -> list[str]:
-    """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
-    from harness.check.memory_guard import bound_from_env
-    from harness.core.equality import RELATIONS
-    from harness.core.glimpse import check_full_check_every_env
-    from harness.run.profiles import check_database, profile_settings
-    from harness.world.families import parse_families
-
-    _check_numbers(args, FUZZ_NUMBERS)
-    try:
-        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.check.memory_guard)
-        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
-        families = parse_families(args.family)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.relation not in RELATIONS:
-        raise UsageError(f"unknown relation {args.relation!r} (known: {', '.join(RELATIONS)})")
-    try:
-        check_database(args.db)
-        profile_settings(args.profile)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if not args.out:
-        raise UsageError("--out '': an empty path; name the report folder")
-    _check_writable_folder("--out", args.out, args.out)
-    if args.junit_xml is not None:
-        if not args.junit_xml or Path(args.junit_xml).is_dir():
-            raise UsageError(f"--junit-xml {args.junit_xml!r}: not a file name (empty, or a folder)")
-        _check_writable_folder("--junit-xml", str(Path(args.junit_xml).parent), args.junit_xml)
-    return families
-
-
-@dataclass(frozen=True)
-class NumberRange:
-    """The values a numeric option accepts: finite, ``> low`` (``low_open``) or ``>= low``, and ``<= high``."""
-
-    option: str
-    low: float
-    high: float = math.inf
-    low_open: bool = False
-
-    def problem(self, value: float) -> str | None:
-        """None if ``value`` is accepted, else the message naming the option, the rule and the value."""
-        above = value > self.low if self.low_open else value >= self.low
-        if math.isfinite(value) and above and value <= self.high:
-            return None
-        rule = f"{'>' if self.low_open else '>='} {self.low:.15g}"
-        if self.high < math.inf:
-            rule += f" and <= {self.high:.15g}"
-        kind = "an integer" if isinstance(value, int) else "a finite number"
-        return f"{self.option} must be {rule} ({kind}), got {value!r}"
-
-
-DAY = 86_400
-# Every numeric option of ``fuzz`` (``--seed`` takes any integer).
-FUZZ_NUMBERS = (
-    NumberRange("--seconds", 0, low_open=True),
-    NumberRange("--step-timeout", 0, DAY, low_open=True),
-    NumberRange("--batch", 1, 1_000_000),
-    NumberRange("--shrink-seconds", 0, DAY),
-    NumberRange("--reduce-seconds", 0, DAY),
-    NumberRange("--workers", 1, 256),
-)
-
-
-def _check_numbers(args: argparse.Namespace, table: tuple[NumberRange, ...]) -> None:
-    for r in table:
-        problem = r.problem(getattr(args, r.option[2:].replace("-", "_")))
-        if problem is not None:
-            raise UsageError(problem)
-
-
-def _check_writable_folder(option: str, folder: str, shown: str) -> None:
-    """``folder`` is a folder this process can write in, or can create: it is made (with its missing
-    parents), a temp file is written in it and removed, and the folders made for the check are removed
-    again (nothing is left behind).  ``UsageError`` names ``option``, the path as given (``shown``)
-    and the problem."""
-    path = Path(folder)
-    try:
-        chain = [path, *path.parents]
-        missing = [p for p in chain if not p.exists()]  # deepest first
-        blocker = next((p for p in chain if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            raise UsageError(f"{option} {shown!r}: {blocker} is a file, not a folder")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
-            os.close(fd)
-            os.unlink(probe)
-        finally:
-            for p in missing:
-                with contextlib.suppress(OSError):
-                    p.rmdir()
-    except OSError as e:
-        raise UsageError(f"{option} {shown!r}: cannot create it or write in it: {e.strerror or e}") from None
-    except ValueError as e:  # a NUL in the path
-        raise UsageError(f"{option} {shown!r}: not a usable path: {e}") from None
-
-
-def _set_fuzz_environ(args: argparse.Namespace) -> None:
-    """Options the worker processes (and the lockstep) read from the environment; ``main`` restores it."""
-    if args.db:
-        os.environ["KVSPEC_DB"] = args.db  # this process' profiles, and the workers it starts
-    if args.no_ledger:
-        os.environ["KVSPEC_LEDGER"] = "0"  # harness.check.lockstep.ledger_enabled, here and in the workers
-    if args.strict_known:
-        os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.ledger.known_bugs.strict_known, likewise
-
-
-def _load_fuzz_target(args: argparse.Namespace) -> Any:
+def _load_fuzz_target(opts: FuzzOptions) -> Any:
     """The target factory ``--target`` names; ``UsageError`` when it cannot be loaded (also when loading
     it raises ``SystemExit``)."""
     from harness.run.fuzzing import fuzz_factory
     from harness.targets import TargetLoadError
 
     try:
-        return fuzz_factory(args)
+        return fuzz_factory(opts)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
 

@@ -14,38 +14,27 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
+
+from harness.run.options import FuzzOptions, fuzz_environ
+
+
+def bench_options(target: str, family: str, seconds: float, workers: int, seed: int = 0) -> FuzzOptions:
+    """The fuzz run measured: ``kvspec fuzz``'s defaults but for these."""
+    from harness.world.families import parse_families
+
+    return FuzzOptions(
+        target=target, families=tuple(parse_families(family)), seconds=seconds, seed=seed, workers=workers
+    )
 
 
 def measure(target: str, family: str, seconds: float, workers: int, seed: int = 0) -> dict[str, float]:
-    import os
-
     from harness.run.workers import fuzz_workers
-    from harness.world.families import parse_families
 
-    args = argparse.Namespace(
-        target=target,
-        family=family,
-        seconds=seconds,
-        seed=seed,
-        relation="exact",
-        profile="dev",
-        step_timeout=10.0,
-        batch=10,
-        shrink_seconds=10,
-        kv_check=False,
-        workers=workers,
-    )
-    with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db:
-        old = os.environ.get("KVSPEC_DB")
-        os.environ["KVSPEC_DB"] = db
-        try:
-            res = fuzz_workers(args, parse_families(family))
-        finally:
-            if old is None:
-                os.environ.pop("KVSPEC_DB", None)
-            else:
-                os.environ["KVSPEC_DB"] = old
+    opts = bench_options(target, family, seconds, workers, seed)
+    with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db, fuzz_environ(replace(opts, db=db)):
+        res = fuzz_workers(opts)
     if res.trace is not None or res.stopped is not None:
         raise SystemExit(
             f"bench_workers: the target reported something ({res.summary or res.stopped}); pick one that passes"

@@ -1,6 +1,7 @@
 """Running kvspec: the fuzzing loop and the ways users start it.
 
-- ``options``: the options of a run, checked before any work (``UsageError``: exit 2);
+- ``options``: the options of a run (``FuzzOptions``, ``MutantsOptions``), built once and checked
+  before any work (``UsageError``: exit 2);
 - ``fuzzing``: the loop behind ``kvspec fuzz``; ``finish``: its summary and the one report;
 - ``workers``: ``--workers N`` processes on one example database; ``signals``: SIGINT and SIGTERM;
 - ``profiles``: the Hypothesis profiles; ``junit``: JUnit XML for CI;

@@ -4,7 +4,6 @@ the JUnit XML, and the exit status (``harness.cli`` documents the codes)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -12,36 +11,37 @@ from pathlib import Path
 from typing import Any
 
 from harness.run.fuzzing import EXIT_FOUND, EXIT_OK, EXIT_USAGE, FuzzResult
+from harness.run.options import FuzzOptions
 from harness.run.signals import signal_name
 
 
-def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, verbose: bool) -> int:
+def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
     """Print the coverage and the summary, write the one report and the JUnit XML; the exit status:
     0 nothing found, 1 a finding (its report written, under ``--out`` or, failing that, under the
     system temp dir), ``128 + signal`` after SIGINT (130) or SIGTERM (143), whether a report was
     written or not; 2 when the JUnit XML cannot be written after all and nothing else failed."""
     if verbose:
-        for fam in families:
+        for fam in opts.families:
             items = sorted((k.split(":", 1)[1], v) for k, v in res.events.items() if k.startswith(fam + ":"))
             print(f"  {fam}: " + ", ".join(f"{k} {v}" for k, v in items), file=sys.stderr)
     el = res.elapsed
     report = None
     if res.trace is not None:
-        report = _report_finding(args, res)
+        report = _report_finding(opts, res)
     elif res.interrupted is not None:
         print(
             f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {el:.1f}s: no finding "
-            f"({res.steps} steps, {res.examples} examples, target {args.target}); no report written"
+            f"({res.steps} steps, {res.examples} examples, target {opts.target}); no report written"
         )
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
     else:
         print(
-            f"kvspec fuzz: no finding; target {args.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
-            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(families)}"
+            f"kvspec fuzz: no finding; target {opts.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
+            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(opts.families)}"
         )
-    _print_known(args, res)
-    junit_ok = _write_fuzz_junit_safely(args, families, res, report)
+    _print_known(opts, res)
+    junit_ok = _write_fuzz_junit_safely(opts, res, report)
     if res.interrupted is not None:
         return 128 + res.interrupted
     if res.trace is not None or res.stopped is not None:
@@ -49,14 +49,14 @@ def finish_fuzz(args: argparse.Namespace, families: list[str], res: FuzzResult, 
     return EXIT_OK if junit_ok else EXIT_USAGE
 
 
-def _report_finding(args: argparse.Namespace, res: FuzzResult) -> Path | None:
+def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
     """Write the finding's report (``write_report_safely``) and say what was found and where."""
     from harness.traces.report import replay_command
     from harness.traces.trace import trace_from_json
 
     assert res.trace is not None
     trace = trace_from_json(res.trace)
-    report = write_report_safely(args.out, trace)
+    report = write_report_safely(opts.out, trace)
     if res.interrupted is not None:
         print(
             f"kvspec fuzz: interrupted by {signal_name(res.interrupted)} after {res.elapsed:.1f}s; FOUND {res.summary} "
@@ -113,7 +113,7 @@ def _umask() -> int:
     return mask
 
 
-def _print_known(args: argparse.Namespace, res: FuzzResult) -> None:
+def _print_known(opts: FuzzOptions, res: FuzzResult) -> None:
     """The known bugs met (they do not fail the run): hits, and one report each, written once."""
     from harness.ledger.known_bugs import get_known_bug
     from harness.traces.trace import trace_from_json
@@ -121,38 +121,38 @@ def _print_known(args: argparse.Namespace, res: FuzzResult) -> None:
     for bug_id, hits in sorted(res.known.items()):
         bug = get_known_bug(bug_id)
         name = f"known-{bug.id}-{bug.name}"
-        where: Path | None = Path(args.out) / name
-        if bug_id in res.known_traces and not (Path(args.out) / name).exists():
-            where = write_report_safely(args.out, trace_from_json(res.known_traces[bug_id]), name=name)
+        where: Path | None = Path(opts.out) / name
+        if bug_id in res.known_traces and not (Path(opts.out) / name).exists():
+            where = write_report_safely(opts.out, trace_from_json(res.known_traces[bug_id]), name=name)
         print(
             f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
         )
 
 
-def _write_fuzz_junit_safely(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> bool:
+def _write_fuzz_junit_safely(opts: FuzzOptions, res: FuzzResult, report: Any) -> bool:
     """The JUnit XML, if asked for; False (and said on stderr) when it cannot be written after all."""
-    path = getattr(args, "junit_xml", None)
+    path = opts.junit_xml
     if not path:
         return True
     try:
-        _write_fuzz_junit(args, families, res, report)
+        _write_fuzz_junit(path, opts, res, report)
     except OSError as e:
         print(f"kvspec fuzz: ERROR: could not write the JUnit XML to {path}: {type(e).__name__}: {e}", file=sys.stderr)
         return False
     return True
 
 
-def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzResult, report: Any) -> None:
+def _write_fuzz_junit(path: str, opts: FuzzOptions, res: FuzzResult, report: Any) -> None:
     from harness.run.junit import Case, write_junit
     from harness.traces.report import replay_command
 
-    cls = f"kvspec.fuzz.{args.target}"
+    cls = f"kvspec.fuzz.{opts.target}"
     cases = []
-    for fam in families:
+    for fam in opts.families:
         t = res.family_time.get(fam, 0.0)
         if fam == res.found_family and (res.trace is not None or res.stopped is not None):
             msg = res.summary or f"the run stopped on {res.stopped}"
-            replay = replay_command(report, args.target) if report else ""
+            replay = replay_command(report, opts.target) if report else ""
             details = f"{msg}\nreport: {report}\nreplay: {replay}\n" if report else msg
             cases.append(
                 Case(
@@ -170,4 +170,4 @@ def _write_fuzz_junit(args: argparse.Namespace, families: list[str], res: FuzzRe
             cases.append(Case(cls, fam, t, skipped="not reached within the time budget"))
         else:
             cases.append(Case(cls, fam, t))
-    write_junit(args.junit_xml, "kvspec fuzz", cases, res.elapsed)
+    write_junit(path, "kvspec fuzz", cases, res.elapsed)

@@ -17,14 +17,14 @@ reducer's current trace) and exits ``128 + signal`` (130, 143).
 
 from __future__ import annotations
 
-import argparse
 import time
 import unittest
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.run.options import FuzzOptions
 from harness.run.signals import SIGNALS, Interrupted
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
@@ -65,19 +65,19 @@ class FuzzResult:
             self.known_traces.setdefault(bug_id, trace)
 
 
-def fuzz_factory(args: argparse.Namespace) -> Callable[[], Any]:
+def fuzz_factory(opts: FuzzOptions) -> Callable[[], Any]:
     """``--target`` resolved (``TargetLoadError`` if it cannot be, also when loading it raises
     ``SystemExit``), wrapped in the oracle with ``--kv-check``."""
     from harness.mutants.registry import resolve_target
     from harness.targets import TargetLoadError
 
     try:
-        factory = resolve_target(args.target)
+        factory = resolve_target(opts.target)
     except (TargetLoadError, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001 - SystemExit from a user's module or factory must not end kvspec
-        raise TargetLoadError(f"target {args.target!r}: loading it raised {type(e).__name__}: {e}") from None
-    if not args.kv_check:
+        raise TargetLoadError(f"target {opts.target!r}: loading it raised {type(e).__name__}: {e}") from None
+    if not opts.kv_check:
         return factory
     from harness.oracle.target import KVCheckTarget
 
@@ -88,8 +88,7 @@ def fuzz_factory(args: argparse.Namespace) -> Callable[[], Any]:
 
 
 def run_fuzz(
-    args: argparse.Namespace,
-    families: list[str],
+    opts: FuzzOptions,
     factory: Callable[[], Any],
     worker: int = 0,
     workers: int = 1,
@@ -99,8 +98,8 @@ def run_fuzz(
     bounded: bool = False,
     announce: Callable[[str], None] | None = None,
 ) -> FuzzResult:
-    """Fuzz until the deadline (``args.seconds``), a finding, a signal (``SIGNALS``, where installed),
-    or ``should_stop()``.  ``settings_overrides`` go to the profile's Hypothesis settings (e.g.
+    """Fuzz ``opts.families`` until the deadline (``opts.seconds``), a finding, a signal (``SIGNALS``,
+    where installed), or ``should_stop()``.  ``settings_overrides`` go to the profile's Hypothesis settings (e.g.
     ``database=None``).  ``bounded``: the deadline bounds shrinking and reduction too (``kvspec fuzz``;
     the mutant campaign's budget is the time to find).  ``announce`` gets one line at the first finding."""
     from harness.check.machine import RunStats, make_machine, run_machine
@@ -109,45 +108,45 @@ def run_fuzz(
 
     stats = RunStats(poll=SIGNALS.poll)
     machines = {
-        fam: make_machine(fam, factory, args.target, args.relation, stats, args.step_timeout, kv_check=args.kv_check)
-        for fam in families
+        fam: make_machine(fam, factory, opts.target, opts.relation, stats, opts.step_timeout, kv_check=opts.kv_check)
+        for fam in opts.families
     }
     res = FuzzResult()
     start = time.monotonic()
     stats.started = start
-    deadline = start + args.seconds
+    deadline = start + opts.seconds
     if bounded:
-        stats.deadline, stats.shrink_share = deadline, _shrink_share(args)
+        stats.deadline, stats.shrink_share = deadline, _shrink_share(opts)
     if announce is not None:
-        stats.on_finding = lambda finding, bound: announce(_found_line(finding, stats, bound, args, bounded))
+        stats.on_finding = lambda finding, bound: announce(_found_line(finding, stats, bound, opts, bounded))
     # The replay profile only re-runs the database's examples: one turn per family is all there is.
-    last_batch = None if generates(args.profile) else len(families)
+    last_batch = None if generates(opts.profile) else len(opts.families)
     batch = 0
     while time.monotonic() < deadline and res.trace is None and res.stopped is None and batch != last_batch:
         if (should_stop is not None and should_stop()) or SIGNALS.signum is not None:
             break
-        fam = families[(batch + worker) % len(families)]
-        seed = args.seed * 1_000_003 + batch * workers + worker
+        fam = opts.families[(batch + worker) % len(opts.families)]
+        seed = opts.seed * 1_000_003 + batch * workers + worker
         batch += 1
         t0 = time.monotonic()
         try:
             run_machine(
                 machines[fam],
-                profile_settings(args.profile, **{"max_examples": args.batch, **(settings_overrides or {})}),
+                profile_settings(opts.profile, **{"max_examples": opts.batch, **(settings_overrides or {})}),
                 seed=seed,
-                shrink_seconds=args.shrink_seconds,
+                shrink_seconds=opts.shrink_seconds,
             )
         except unittest.SkipTest as e:  # the replay profile with nothing stored for this machine is no run at all
             if last_batch is None:
                 res.found_family, res.stopped = fam, f"SkipTest: {e}"
         except Interrupted as e:  # while generating or shrinking: the smallest failing trace so far, as it is
             res.interrupted = e.signum
-            _keep_finding(res, stats, args, seed, fam, factory, None)
+            _keep_finding(res, stats, opts, seed, fam, factory, None)
         except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
             if isinstance(e, KeyboardInterrupt):
                 raise
             res.found_family = fam
-            if not _keep_finding(res, stats, args, seed, fam, factory, deadline if bounded else None):
+            if not _keep_finding(res, stats, opts, seed, fam, factory, deadline if bounded else None):
                 res.stopped = f"{type(e).__name__}: {e}"
         res.batches[fam] += 1
         res.family_time[fam] = res.family_time.get(fam, 0.0) + time.monotonic() - t0
@@ -162,11 +161,11 @@ def run_fuzz(
         known = Trace(
             config=config,
             steps=steps,
-            target_name=args.target,
+            target_name=opts.target,
             target_version=stats.target_version,
-            seed=args.seed,
-            profile=args.profile,
-            relation=args.relation,
+            seed=opts.seed,
+            profile=opts.profile,
+            relation=opts.relation,
             finding=finding.to_json(),
         )
         res.known_traces.setdefault(bug_id, trace_to_json(known))
@@ -177,19 +176,19 @@ def run_fuzz(
     return res
 
 
-def _shrink_share(args: argparse.Namespace) -> float:
+def _shrink_share(opts: FuzzOptions) -> float:
     """The share of the time left at the first finding that shrinking may take (the rest: reduction)."""
-    shrink, reduce = float(args.shrink_seconds), float(getattr(args, "reduce_seconds", 0.0))
+    shrink, reduce = float(opts.shrink_seconds), float(opts.reduce_seconds)
     return shrink / (shrink + reduce) if shrink + reduce > 0 else 1.0
 
 
-def _found_line(finding: Any, stats: Any, shrink_bound: int, args: argparse.Namespace, bounded: bool) -> str:
+def _found_line(finding: Any, stats: Any, shrink_bound: int, opts: FuzzOptions, bounded: bool) -> str:
     """What ``announce`` prints at the first finding (tests and users wait for it)."""
     after = stats.first_finding_after or 0.0
-    within = f", within --seconds {args.seconds:g}" if bounded else ""
+    within = f", within --seconds {opts.seconds:g}" if bounded else ""
     return (
         f"kvspec fuzz: found a failing example after {after:.1f}s ({finding.kind}); shrinking it for up to "
-        f"{shrink_bound}s, then reducing it for up to {float(getattr(args, 'reduce_seconds', 0.0)):g}s{within} "
+        f"{shrink_bound}s, then reducing it for up to {float(opts.reduce_seconds):g}s{within} "
         "(SIGINT or SIGTERM: stop and write the smallest so far)"
     )
 
@@ -197,7 +196,7 @@ def _found_line(finding: Any, stats: Any, shrink_bound: int, args: argparse.Name
 def _keep_finding(
     res: FuzzResult,
     stats: Any,
-    args: argparse.Namespace,
+    opts: FuzzOptions,
     seed: int,
     fam: str,
     factory: Callable[[], Any],
@@ -209,26 +208,31 @@ def _keep_finding(
     from harness.traces.trace import trace_to_json
 
     best = res.interrupted is not None
-    trace = finding_trace(stats, args.target, seed, args.profile, fam, args.relation, best=best)
+    trace = finding_trace(stats, opts.target, seed, opts.profile, fam, opts.relation, best=best)
     if trace is None:
         return False
     res.found_family, res.shrunk_steps, res.first_finding_after = fam, len(trace.steps), stats.first_finding_after
     finding = stats.best[0] if best else stats.finding
     if not best:
-        trace, finding = reduce_finding(trace, finding, factory, args, deadline)
+        trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout, deadline)
     res.trace, res.summary = trace_to_json(trace), finding.summary()
     return True
 
 
 def reduce_finding(
-    trace: Any, finding: Any, factory: Callable[[], Any], args: argparse.Namespace, deadline: float | None = None
+    trace: Any,
+    finding: Any,
+    factory: Callable[[], Any],
+    seconds: float,
+    step_timeout: float,
+    deadline: float | None = None,
 ) -> tuple[Any, Any]:
     """The Hypothesis-shrunk finding reduced further by replaying operations (``harness.traces.reduce``)
-    for up to ``--reduce-seconds`` (and not past ``deadline``; a signal stops it with the smallest
-    trace so far); the trace unchanged when reduction is off or finds nothing smaller."""
+    for up to ``seconds`` (``--reduce-seconds``; each target call up to ``step_timeout``), and not past
+    ``deadline`` (a signal stops it with the smallest trace so far); the trace unchanged when reduction
+    is off or finds nothing smaller."""
     from harness.traces.reduce import reduce_trace
 
-    seconds = float(getattr(args, "reduce_seconds", 0.0))
     if deadline is not None:
         seconds = min(seconds, deadline - time.monotonic())
     if seconds <= 0 or SIGNALS.signum is not None:
@@ -241,7 +245,7 @@ def reduce_finding(
             factory,
             trace.relation,
             seconds,
-            args.step_timeout,
+            step_timeout,
             should_stop=lambda: SIGNALS.signum is not None,
         )
     except KeyboardInterrupt:
@@ -284,7 +288,7 @@ def finding_trace(
     )
 
 
-def progress_line(elapsed: float, res: FuzzResult, families: list[str], workers: int = 1) -> str:
+def progress_line(elapsed: float, res: FuzzResult, families: Sequence[str], workers: int = 1) -> str:
     who = f"  {workers} workers" if workers > 1 else ""
     return (
         f"\r{elapsed:6.1f}s  {res.steps / max(elapsed, 1e-9):8.0f} steps/s  {res.examples:6d} examples  "

@@ -1,7 +1,269 @@
-"""The options of a kvspec run, checked before any work: a bad one is a ``UsageError`` (exit 2)."""
+"""The options of a kvspec run, checked before any work: a bad one is a ``UsageError`` (exit 2).
+
+- ``FuzzOptions``: one fuzz run (``kvspec fuzz``, the pytest plugin, the mutant campaign's rows, the
+  workers' benchmark), the only thing the fuzzing engine (``harness.run.fuzzing``, ``finish``,
+  ``workers``, ``harness.vllm_sched.fuzz``) is given; built once, by ``FuzzOptions.from_namespace``
+  from the command line (every option checked there) or by the constructor;
+- ``MutantsOptions``: ``kvspec mutants`` (``harness.campaign``), which makes one ``FuzzOptions`` per row;
+- ``fuzz_environ``: the options the worker processes and the lockstep read from the environment.
+
+The command lines take their defaults from these classes, so the two cannot drift apart.
+"""
 
 from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
     """Bad usage: the message names the option and why (the CLI exits 2 on it)."""
+
+
+def _all_families() -> tuple[str, ...]:
+    """``--family all`` (imported here, not at start-up: the families import Hypothesis)."""
+    from harness.world.families import FAMILIES
+
+    return tuple(FAMILIES)
+
+
+@dataclass(frozen=True)
+class FuzzOptions:
+    """One fuzz run; the defaults are ``kvspec fuzz``'s (its parser reads them from here)."""
+
+    target: str = "spec"  # spec, vllm, impl, mutant:NAME, vllm-scheduler or package.module:factory
+    families: tuple[str, ...] = field(default_factory=_all_families)  # --family, parsed
+    seconds: float = 60.0  # the whole run, shrinking and reduction included (bounded runs)
+    seed: int = 0
+    out: str = "kvspec-reports"  # the report folder
+    relation: str = "exact"  # harness.core.equality.RELATIONS
+    profile: str = "dev"  # harness.run.profiles.PROFILES
+    step_timeout: float = 10.0  # seconds one target call may take
+    batch: int = 10  # examples per family before rotating
+    shrink_seconds: int = 10  # Hypothesis' shrinking of a finding
+    reduce_seconds: float = 15.0  # the trace reduction (harness.traces.reduce); 0: off
+    stats: bool = False  # print the per-family counts at the end
+    kv_check: bool = False  # the KV-content oracle around the target (harness.oracle)
+    strict_known: bool = False  # known target bugs fail the run too
+    no_ledger: bool = False  # the KV ledger off
+    db: str | None = None  # the example database (default $KVSPEC_DB, else the profile's)
+    workers: int = 1  # processes on the one database (harness.run.workers)
+    junit_xml: str | None = None  # also write JUnit XML here
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> FuzzOptions:
+        """``kvspec fuzz``'s parsed options, every one checked before any work (``UsageError`` names
+        the option and why)."""
+        return _built(cls, ns, families=_check_fuzz_options(ns))
+
+
+@dataclass(frozen=True)
+class MutantsOptions:
+    """``kvspec mutants``; the defaults are its parser's (``harness.campaign.add_parser``)."""
+
+    target: str | None = None  # a user's package.module:factory, whose mutants run instead of the catalogue
+    mutants: str | None = None  # the user's package.module:callable returning {name: factory}
+    family: str = "full"  # families of a user's mutants
+    relation: str = "exact"  # equality relation of a user's mutants
+    only: str | None = None  # comma-separated mutant names (or origin:spec, ...)
+    seconds: float = 60.0  # per mutant
+    shrink_seconds: int = 10
+    reduce_seconds: float = 15.0
+    seed: int = 11
+    profile: str = "ci"
+    batch: int = 25
+    step_timeout: float = 10.0
+    use_db: bool = False  # the example database (default: none, for honest timings)
+    out: str = "kvspec-reports/mutants"
+    no_vllm: bool = False  # leave out the runtime vLLM mutants
+    control_seconds: float = 10.0  # how long the unmutated user target is fuzzed first
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> MutantsOptions:
+        """``kvspec mutants``' parsed options, checked (``UsageError``)."""
+        from harness.run.profiles import profile_settings
+
+        if ns.seconds <= 0:
+            raise UsageError("--seconds must be > 0")
+        with _as_usage_error():
+            profile_settings(ns.profile)
+        if ns.target is not None:
+            _check_relation(ns.relation)
+        return _built(cls, ns)
+
+    def fuzz_options(self, target: str, families: tuple[str, ...], relation: str) -> FuzzOptions:
+        """The fuzz run of one row of the campaign: ``target`` in ``families`` under ``relation``."""
+        return FuzzOptions(
+            target=target,
+            families=families,
+            relation=relation,
+            seconds=self.seconds,
+            seed=self.seed,
+            out=self.out,
+            profile=self.profile,
+            batch=self.batch,
+            shrink_seconds=self.shrink_seconds,
+            reduce_seconds=self.reduce_seconds,
+            step_timeout=self.step_timeout,
+        )
+
+    def control(self) -> MutantsOptions:
+        """The options the unmutated user target is fuzzed with first (for ``--control-seconds``)."""
+        return replace(self, seconds=self.control_seconds)
+
+
+def _built(cls: type[T], ns: argparse.Namespace, **given: Any) -> T:
+    """``cls`` (a dataclass) from the parsed options of its fields' names, ``given`` besides."""
+    parsed = {f.name: getattr(ns, f.name) for f in fields(cls) if f.name not in given}  # type: ignore[arg-type]
+    return cls(**parsed, **given)
+
+
+@contextlib.contextmanager
+def _as_usage_error() -> Iterator[None]:
+    """A ``ValueError`` of a check (its message names the option or variable) as a ``UsageError``."""
+    try:
+        yield
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_choices(family: str, relation: str) -> tuple[str, ...]:
+    """``--family`` parsed and ``--relation`` checked (``UsageError`` says why not); the families."""
+    from harness.world.families import parse_families
+
+    with _as_usage_error():
+        families = tuple(parse_families(family))
+    _check_relation(relation)
+    return families
+
+
+def _check_relation(relation: str) -> None:
+    from harness.core.equality import RELATIONS
+
+    if relation not in RELATIONS:
+        raise UsageError(f"unknown relation {relation!r} (known: {', '.join(RELATIONS)})")
+
+
+def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
+    """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
+    from harness.check.memory_guard import bound_from_env
+    from harness.core.glimpse import check_full_check_every_env
+    from harness.run.profiles import check_database, profile_settings
+
+    _check_numbers(ns, FUZZ_NUMBERS)
+    with _as_usage_error():
+        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.check.memory_guard)
+        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
+    families = check_choices(ns.family, ns.relation)
+    with _as_usage_error():
+        check_database(ns.db)
+        profile_settings(ns.profile)
+    if not ns.out:
+        raise UsageError("--out '': an empty path; name the report folder")
+    _check_writable_folder("--out", ns.out, ns.out)
+    if ns.junit_xml is not None:
+        if not ns.junit_xml or Path(ns.junit_xml).is_dir():
+            raise UsageError(f"--junit-xml {ns.junit_xml!r}: not a file name (empty, or a folder)")
+        _check_writable_folder("--junit-xml", str(Path(ns.junit_xml).parent), ns.junit_xml)
+    return families
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """The values a numeric option accepts: finite, ``> low`` (``low_open``) or ``>= low``, and ``<= high``."""
+
+    option: str
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """None if ``value`` is accepted, else the message naming the option, the rule and the value."""
+        above = value > self.low if self.low_open else value >= self.low
+        if math.isfinite(value) and above and value <= self.high:
+            return None
+        rule = f"{'>' if self.low_open else '>='} {self.low:.15g}"
+        if self.high < math.inf:
+            rule += f" and <= {self.high:.15g}"
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        return f"{self.option} must be {rule} ({kind}), got {value!r}"
+
+
+DAY = 86_400
+# Every numeric option of ``fuzz`` (``--seed`` takes any integer).
+FUZZ_NUMBERS = (
+    NumberRange("--seconds", 0, low_open=True),
+    NumberRange("--step-timeout", 0, DAY, low_open=True),
+    NumberRange("--batch", 1, 1_000_000),
+    NumberRange("--shrink-seconds", 0, DAY),
+    NumberRange("--reduce-seconds", 0, DAY),
+    NumberRange("--workers", 1, 256),
+)
+
+
+def _check_numbers(ns: argparse.Namespace, table: tuple[NumberRange, ...]) -> None:
+    for r in table:
+        problem = r.problem(getattr(ns, r.option[2:].replace("-", "_")))
+        if problem is not None:
+            raise UsageError(problem)
+
+
+def _check_writable_folder(option: str, folder: str, shown: str) -> None:
+    """``folder`` is a folder this process can write in, or can create: it is made (with its missing
+    parents), a temp file is written in it and removed, and the folders made for the check are removed
+    again (nothing is left behind).  ``UsageError`` names ``option``, the path as given (``shown``)
+    and the problem."""
+    path = Path(folder)
+    try:
+        chain = [path, *path.parents]
+        missing = [p for p in chain if not p.exists()]  # deepest first
+        blocker = next((p for p in chain if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise UsageError(f"{option} {shown!r}: {blocker} is a file, not a folder")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+        finally:
+            for p in missing:
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+    except OSError as e:
+        raise UsageError(f"{option} {shown!r}: cannot create it or write in it: {e.strerror or e}") from None
+    except ValueError as e:  # a NUL in the path
+        raise UsageError(f"{option} {shown!r}: not a usable path: {e}") from None
+
+
+ENVIRON = ("KVSPEC_DB", "KVSPEC_LEDGER", "KVSPEC_STRICT_KNOWN")
+
+
+@contextlib.contextmanager
+def fuzz_environ(opts: FuzzOptions) -> Iterator[None]:
+    """The options the worker processes (and the lockstep) read from the environment, set for the
+    block; the caller's environment is put back afterwards (``kvspec``'s ``main`` may be called
+    again in the same process)."""
+    saved = {n: os.environ.get(n) for n in ENVIRON}
+    try:
+        if opts.db:
+            os.environ["KVSPEC_DB"] = opts.db  # this process' profiles, and the workers it starts
+        if opts.no_ledger:
+            os.environ["KVSPEC_LEDGER"] = "0"  # harness.check.lockstep.ledger_enabled, here and in the workers
+        if opts.strict_known:
+            os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.ledger.known_bugs.strict_known, likewise
+        yield
+    finally:
+        for n, v in saved.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v

@@ -23,63 +23,66 @@ from __future__ import annotations
 
 import unittest
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import harness.run.profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
+from harness.run.options import FuzzOptions, UsageError, check_choices
 
 SUITE = Path(__file__).with_name("pytest_suite.py")
-_OPTIONS: dict[str, Any] = {}  # the validated --kvspec-* options, read by harness.run.pytest_suite
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What ``--kvspec-target`` configured, read by ``harness.run.pytest_suite``: the options, the
+    target's factory and the example database (both resolved once)."""
+
+    options: FuzzOptions
+    factory: Callable[[], Any]
+    db: Any
+
+
+_SUITE: Suite | None = None  # None without --kvspec-target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    D = FuzzOptions  # kvspec fuzz's defaults (but shrinking: 20 seconds here)
     g = parser.getgroup("kvspec", "kvspec: differential fuzzing of a KV-cache manager against vLLM 0.33's model")
     g.addoption("--kvspec-target", default=None, help="spec, vllm, impl, mutant:NAME or package.module:factory")
     g.addoption("--kvspec-family", default="all", help="comma-separated families, or 'all' (default)")
-    g.addoption("--kvspec-relation", default="exact", help="exact (default), outcomes or invariants")
-    g.addoption("--kvspec-out", default="kvspec-reports", help="where reports of findings are written")
+    g.addoption("--kvspec-relation", default=D.relation, help="exact (default), outcomes or invariants")
+    g.addoption("--kvspec-out", default=D.out, help="where reports of findings are written")
     g.addoption(
         "--kvspec-db",
-        default=None,
+        default=D.db,
         help="example database: folder or redis://host:port/n (default: KVSPEC_DB, else the profile's)",
     )
-    g.addoption("--kvspec-step-timeout", type=float, default=10.0, help="seconds one target call may take")
+    g.addoption("--kvspec-step-timeout", type=float, default=D.step_timeout, help="seconds one target call may take")
     g.addoption("--kvspec-shrink-seconds", type=int, default=20, help="time bound for shrinking a finding (default 20)")
     g.addoption("--kvspec-only", action="store_true", help="collect only kvspec's machines, not the rest of the suite")
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis' plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
+    global _SUITE
     config.addinivalue_line("markers", "kvspec: a kvspec state machine (pytest --kvspec-target)")
     target = config.getoption("kvspec_target")
     if target is None:
         return
-    from harness.core.equality import RELATIONS
     from harness.mutants.registry import resolve_target
     from harness.targets import TargetLoadError
-    from harness.world.families import parse_families
 
     relation = config.getoption("kvspec_relation")
     try:
-        families = parse_families(config.getoption("kvspec_family"))
-        if relation not in RELATIONS:
-            raise ValueError(f"unknown relation {relation!r} (known: {', '.join(RELATIONS)})")
+        families = check_choices(config.getoption("kvspec_family"), relation)
         factory = resolve_target(target)
         db = _database(config.getoption("kvspec_db"))
-    except (ValueError, TargetLoadError) as e:
+    except (UsageError, ValueError, TargetLoadError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    _OPTIONS.update(
-        target=target,
-        factory=factory,
-        families=families,
-        relation=relation,
-        db=db,
-        out=config.getoption("kvspec_out"),
-        step_timeout=config.getoption("kvspec_step_timeout"),
-        shrink_seconds=config.getoption("kvspec_shrink_seconds"),
-    )
+    _SUITE = Suite(plugin_options(config, target=target, families=families, relation=relation), factory, db)
     if config.getoption("kvspec_only"):
         config.args[:] = [str(SUITE)]
     elif str(SUITE) not in config.args:
@@ -87,7 +90,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _OPTIONS.clear()
+    global _SUITE
+    _SUITE = None
+
+
+def plugin_options(config: pytest.Config, **chosen: Any) -> FuzzOptions:
+    """The ``--kvspec-*`` options as one ``FuzzOptions``, with ``chosen`` (target, families, relation:
+    checked by the caller) besides."""
+    return FuzzOptions(
+        out=config.getoption("kvspec_out"),
+        db=config.getoption("kvspec_db"),
+        step_timeout=config.getoption("kvspec_step_timeout"),
+        shrink_seconds=config.getoption("kvspec_shrink_seconds"),
+        **chosen,
+    )
 
 
 def _database(spec: str | None) -> Any:
@@ -118,54 +134,39 @@ def machine_settings(db: Any) -> Any:
 
 
 def run_family(
-    factory: Callable[[], Any],
-    target: str,
-    family: str,
-    relation: str = "exact",
-    out: str = "kvspec-reports",
-    db: Any = None,
-    step_timeout: float | None = 10.0,
-    hyp_settings: Any = None,
-    shrink_seconds: int = 20,
+    opts: FuzzOptions, factory: Callable[[], Any], family: str, db: Any = None, hyp_settings: Any = None
 ) -> None:
-    """Run kvspec's state machine for one family; a finding fails the test with its report path."""
+    """Run kvspec's state machine for ``family`` of ``opts`` (its target, relation, step timeout and
+    shrinking bound; ``hyp_settings``, else the loaded profile on ``db``); a finding fails the test
+    with its report path (under ``opts.out``)."""
     from harness.check.machine import RunStats, make_machine, run_machine
     from harness.run.fuzzing import finding_trace
     from harness.traces.report import replay_command, write_report
 
     stats = RunStats()
-    machine = make_machine(family, factory, target, relation, stats, step_timeout)
+    machine = make_machine(family, factory, opts.target, opts.relation, stats, opts.step_timeout)
     try:
-        run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=shrink_seconds)
+        run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
         return
     except AssertionError:
-        trace = finding_trace(stats, target, None, None, family, relation)
+        trace = finding_trace(stats, opts.target, None, None, family, opts.relation)
         if trace is None or stats.finding is None:
             raise
-    report = write_report(out, trace)
+    report = write_report(opts.out, trace)
     replay = replay_command(report, trace.target_name)
     pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
 
 
-def make_testcase(family: str) -> type[unittest.TestCase]:
+def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
     """``TestKVSpec_<family>``: one unittest case whose ``runTest`` is kvspec's machine (HypoFuzz
     recognises it as a state-machine test through ``_hypothesis_state_machine_class``)."""
     from harness.check.machine import RunStats, make_machine
 
-    o = dict(_OPTIONS)
-    machine = make_machine(family, o["factory"], o["target"], o["relation"], RunStats(), o["step_timeout"])
+    o = suite.options
+    machine = make_machine(family, suite.factory, o.target, o.relation, RunStats(), o.step_timeout)
 
     def runTest(self: unittest.TestCase) -> None:
-        run_family(
-            o["factory"],
-            o["target"],
-            family,
-            o["relation"],
-            o["out"],
-            step_timeout=o["step_timeout"],
-            hyp_settings=type(self).settings,  # type: ignore[attr-defined]
-            shrink_seconds=o["shrink_seconds"],
-        )
+        run_family(o, suite.factory, family, hyp_settings=type(self).settings)  # type: ignore[attr-defined]
 
     runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
     runTest._hypothesis_state_machine_class = machine  # type: ignore[attr-defined]
@@ -175,7 +176,7 @@ def make_testcase(family: str) -> type[unittest.TestCase]:
         (unittest.TestCase,),
         {
             "runTest": runTest,
-            "settings": machine_settings(o["db"]),
+            "settings": machine_settings(suite.db),
             "pytestmark": [pytest.mark.kvspec],
             "__module__": "harness.run.pytest_suite",
         },
@@ -184,16 +185,16 @@ def make_testcase(family: str) -> type[unittest.TestCase]:
 
 def suite_testcases() -> dict[str, type[unittest.TestCase]]:
     """The test classes of ``harness.run.pytest_suite``: one per family (none without ``--kvspec-target``)."""
-    if not _OPTIONS:
+    if _SUITE is None:
         return {}
-    return {f"TestKVSpec_{fam}": make_testcase(fam) for fam in _OPTIONS["families"]}
+    return {f"TestKVSpec_{fam}": make_testcase(_SUITE, fam) for fam in _SUITE.options.families}
 
 
 class KVSpecFixture:
     """The ``kvspec`` fixture: ``check(target, family=..., relation=...)`` in a test of one's own."""
 
-    def __init__(self, out: str, db: Any, step_timeout: float, shrink_seconds: int) -> None:
-        self.out, self.db, self.step_timeout, self.shrink_seconds = out, db, step_timeout, shrink_seconds
+    def __init__(self, options: FuzzOptions, db: Any) -> None:
+        self.options, self.db = options, db
 
     def check(self, target: str | Callable[[], Any], family: str = "full", relation: str = "exact") -> None:
         from harness.mutants.registry import resolve_target
@@ -206,13 +207,12 @@ class KVSpecFixture:
             else:
                 name, factory = getattr(target, "__qualname__", "target"), target
                 check_target(factory, name)
-            families = parse_families(family)
+            families = tuple(parse_families(family))
         except (ValueError, TargetLoadError) as e:
             pytest.fail(f"kvspec: {e}", pytrace=False)
+        opts = replace(self.options, target=name, families=families, relation=relation)
         for fam in families:
-            run_family(
-                factory, name, fam, relation, self.out, self.db, self.step_timeout, shrink_seconds=self.shrink_seconds
-            )
+            run_family(opts, factory, fam, self.db)
 
 
 @pytest.fixture
@@ -221,9 +221,4 @@ def kvspec(pytestconfig: pytest.Config) -> KVSpecFixture:
         db = _database(pytestconfig.getoption("kvspec_db"))
     except ValueError as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    return KVSpecFixture(
-        pytestconfig.getoption("kvspec_out"),
-        db,
-        pytestconfig.getoption("kvspec_step_timeout"),
-        pytestconfig.getoption("kvspec_shrink_seconds"),
-    )
+    return KVSpecFixture(plugin_options(pytestconfig), db)

@@ -21,7 +21,6 @@ and after ``GRACE_SECONDS`` kills those that have not returned.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import multiprocessing
 import os
@@ -35,6 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any
 
 from harness.run.fuzzing import FuzzResult, fuzz_factory, progress_line, run_fuzz
+from harness.run.options import FuzzOptions
 from harness.run.signals import SIGNALS
 
 GRACE_SECONDS = 10.0  # after a signal, how long the parent waits for the workers' results
@@ -48,7 +48,7 @@ def _init(stop: Any, progress: Any) -> None:
     SIGNALS.install()  # for the worker's lifetime
 
 
-def _work(args: argparse.Namespace, families: list[str], worker: int, workers: int, tty: bool = False) -> FuzzResult:
+def _work(opts: FuzzOptions, worker: int, workers: int, tty: bool = False) -> FuzzResult:
     """One worker: the fuzzing loop, stopping when another worker found something."""
 
     def on_batch(res: FuzzResult, elapsed: float) -> None:
@@ -64,9 +64,8 @@ def _work(args: argparse.Namespace, families: list[str], worker: int, workers: i
         print(("\n" if tty else "") + line, file=sys.stderr, flush=True)
 
     return run_fuzz(
-        args,
-        families,
-        fuzz_factory(args),
+        opts,
+        fuzz_factory(opts),
         worker,
         workers,
         should_stop=_STOP.is_set,
@@ -76,9 +75,9 @@ def _work(args: argparse.Namespace, families: list[str], worker: int, workers: i
     )
 
 
-def fuzz_workers(args: argparse.Namespace, families: list[str], progress: bool = False) -> FuzzResult:
-    """Run ``args.workers`` workers; return their merged counts and the first finding (if any)."""
-    n = int(args.workers)
+def fuzz_workers(opts: FuzzOptions, progress: bool = False) -> FuzzResult:
+    """Run ``opts.workers`` workers; return their merged counts and the first finding (if any)."""
+    n = opts.workers
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (vLLM, torch)
     stop = ctx.Event()
     updates = ctx.Queue(maxsize=1000)
@@ -87,7 +86,7 @@ def fuzz_workers(args: argparse.Namespace, families: list[str], progress: bool =
     signalled: float | None = None  # when the parent saw the signal
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init, initargs=(stop, updates)) as pool:
         with _signals_ignored():  # inherited by the workers started here (see the module docstring)
-            pending: set[Future[FuzzResult]] = {pool.submit(_work, args, families, i, n, progress) for i in range(n)}
+            pending: set[Future[FuzzResult]] = {pool.submit(_work, opts, i, n, progress) for i in range(n)}
         while pending:
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             _drain(updates, latest)
@@ -100,9 +99,9 @@ def fuzz_workers(args: argparse.Namespace, families: list[str], progress: bool =
                     stop.set()
             if progress and latest:
                 agg = FuzzResult(steps=sum(v[0] for v in latest.values()), examples=sum(v[1] for v in latest.values()))
-                agg.batches.update({f: 1 for f in families[: max(v[3] for v in latest.values())]})
+                agg.batches.update({f: 1 for f in opts.families[: max(v[3] for v in latest.values())]})
                 el = max(v[2] for v in latest.values())
-                print(progress_line(el, agg, families, n), end="", file=sys.stderr, flush=True)
+                print(progress_line(el, agg, opts.families, n), end="", file=sys.stderr, flush=True)
     return _merge(results, SIGNALS.signum)
 
 

@@ -15,7 +15,6 @@ run under way is still written, the summary printed, and the exit status is 130 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import random
 import sys
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.check.finding import Finding
 from harness.ledger.known_bugs import get_known_bug
+from harness.run.options import FuzzOptions
 from harness.run.signals import signal_name
 from harness.targets.base import Unsupported
 from harness.traces.trace import Trace
@@ -118,8 +118,7 @@ def write_finding(
     assert small.finding is not None
     trace = finding_trace(small, family, seed, overrides=reduced.overrides)
     left = max(0.0, reduce_seconds - (time.monotonic() - start))
-    opts = argparse.Namespace(reduce_seconds=left, step_timeout=10.0)
-    trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, opts)
+    trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, left, step_timeout=10.0)
     trace.extra["recorded_steps"] = len(res.steps)
     trace.extra["scheduler_reduction"] = {
         "runs": reduced.runs,
@@ -339,16 +338,16 @@ def handles(target: str) -> bool:
     return target == TARGET_NAME or (target.startswith("mutant:") and target.split(":", 1)[1] in MUTANTS)
 
 
-def fuzz_cli(args: Any, families: list[str]) -> int:
+def fuzz_cli(opts: FuzzOptions) -> int:
     """``kvspec fuzz`` with ``--target vllm-scheduler`` or ``--target mutant:NAME`` (a deliberate
     scheduler bug of ``harness.vllm_sched.mutants``, active for the whole run); options already
     checked by the CLI."""
     unused = [
         opt
         for opt, on in (
-            ("--kv-check", getattr(args, "kv_check", False)),
-            ("--workers", getattr(args, "workers", 1) > 1),
-            ("--junit-xml", getattr(args, "junit_xml", None) is not None),
+            ("--kv-check", opts.kv_check),
+            ("--workers", opts.workers > 1),
+            ("--junit-xml", opts.junit_xml is not None),
         )
         if on
     ]
@@ -360,15 +359,15 @@ def fuzz_cli(args: Any, families: list[str]) -> int:
 
     def run() -> int:
         return fuzz_scheduler(
-            families,
-            float(args.seconds),
-            int(args.seed),
-            str(args.out),
-            relation=str(args.relation),
-            reduce_seconds=float(getattr(args, "reduce_seconds", 10.0)),
+            list(opts.families),
+            opts.seconds,
+            opts.seed,
+            opts.out,
+            relation=opts.relation,
+            reduce_seconds=opts.reduce_seconds,
         )
 
-    if args.target == TARGET_NAME:
+    if opts.target == TARGET_NAME:
         return run()
     from harness.targets.vllm import VllmUnavailable, _vllm
     from harness.vllm_sched.mutants import patched
@@ -378,5 +377,5 @@ def fuzz_cli(args: Any, families: list[str]) -> int:
     except VllmUnavailable as e:
         print(f"kvspec fuzz: {e}", file=sys.stderr)
         return EXIT_USAGE
-    with patched(args.target.split(":", 1)[1]):
+    with patched(opts.target.split(":", 1)[1]):
         return run()

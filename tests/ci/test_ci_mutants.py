@@ -3,13 +3,13 @@ survivor, the runtime vLLM mutants, and (slow) the whole built-in catalogue with
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import pytest
 from ci_helpers import REPO, kvspec
 
 from harness.campaign import Entry, Row, builtin_entries, check_of, run_entry, select, uncovered, user_entries
+from harness.run.options import MutantsOptions
 
 FAST = ("--seconds", "30", "--shrink-seconds", "1", "--out", "reports")
 
@@ -132,17 +132,7 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
         assert KVCacheManager.__dict__["get_computed_blocks"] is not original
     assert KVCacheManager.__dict__["get_computed_blocks"] is original
     (entry,) = [e for e in builtin_entries(with_vllm=True) if e.name == "vllm_hit_cap_num_tokens"]
-    opts = argparse.Namespace(
-        seconds=30,
-        seed=11,
-        profile="ci",
-        batch=25,
-        shrink_seconds=1,
-        reduce_seconds=5.0,
-        step_timeout=10.0,
-        use_db=False,
-        out=str(tmp_path),
-    )
+    opts = MutantsOptions(seconds=30, shrink_seconds=1, reduce_seconds=5.0, out=str(tmp_path))
     row = run_entry(entry, opts)
     assert row.killed and row.check == "divergence: outcome", row
     assert row.reduced_steps is not None and row.shrunk_steps is not None and row.reduced_steps <= row.shrunk_steps
@@ -168,7 +158,7 @@ def test_a_scheduler_mutant_is_a_campaign_row_with_a_reduced_report(tmp_path):
     assert select(entries, "origin:scheduler") == entries
     (entry,) = [e for e in entries if e.name == "hit_off_by_one"]
     before = dict(Scheduler.__dict__)
-    opts = argparse.Namespace(seconds=30, seed=0, reduce_seconds=5.0, out=str(tmp_path))
+    opts = MutantsOptions(seconds=30, seed=0, reduce_seconds=5.0, out=str(tmp_path))
     row = run_entry(entry, opts)
     assert row.killed and row.report is not None and (row.report / "trace.json").is_file(), row
     assert row.first_failure is not None and row.to_report is not None and row.first_failure <= row.to_report
