@@ -232,7 +232,7 @@ def pd_cmd(argv: list[str]) -> int:
 
 def replay_cmd(args: argparse.Namespace) -> int:
     from harness.core.glimpse import check_full_check_every_env
-    from harness.core.ops import TraceFormatError
+    from harness.core.strict_json import TraceFormatError
     from harness.mutants.registry import resolve_target
     from harness.targets import TargetLoadError
     from harness.traces.folders import find_traces
@@ -294,7 +294,7 @@ def _replay_scheduler(args: argparse.Namespace) -> int:
     """``kvspec replay --target vllm-scheduler`` (or ``mutant:NAME`` of a scheduler mutant): each
     report of the real scheduler's fuzz re-drives the real scheduler from its recorded run
     (``harness.vllm_sched.fuzz.replay_scheduler_run``); every file is checked before any run."""
-    from harness.core.ops import TraceFormatError
+    from harness.core.strict_json import TraceFormatError
     from harness.targets.vllm import VllmUnavailable, _vllm
     from harness.traces.folders import find_traces
     from harness.vllm_sched.fuzz import TARGET_NAME, replay_scheduler_run, scheduler_run_of
@@ -321,7 +321,7 @@ def _replay_scheduler(args: argparse.Namespace) -> int:
 
 
 def report_cmd(args: argparse.Namespace) -> int:
-    from harness.core.ops import TraceFormatError
+    from harness.core.strict_json import TraceFormatError
     from harness.traces.report import render_report
     from harness.traces.trace import read_trace
 

@@ -2,6 +2,8 @@
 
 - ``lockstep``: ``Lockstep`` applies one operation to both and checks the relation, the
   invariants, the KV ledger and the target's memory; the first problem is a ``FindingError``;
+- ``guard``: every call into a target guarded, one table from what it raises to the finding;
+- ``witness``: the finding of a failed check after an operation, with its witness;
 - ``finding``: the ``Finding`` a run reports, and the per-step timeout on target calls;
 - ``obs_invariants``: the spec's invariants on any target's observation;
 - ``memory_guard``: the bound on how much a target may grow the process' memory;

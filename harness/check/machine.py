@@ -222,7 +222,7 @@ class KVMachine(RuleBasedStateMachine):
         self.stats.examples += 1
         self.workload = Workload(config, sc, self._emit, self._table, ch)
         if self.ls.ref is not None:  # what an async load's admission sets aside, on the reference state
-            self.workload.sched.load_reservation = self.ls.ref.load_reservation
+            self.workload.sched.transfers.load_reservation = self.ls.ref.load_reservation
 
     @precondition(_when("add_request"))
     @rule(data=st.data())

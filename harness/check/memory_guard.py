@@ -91,7 +91,7 @@ class MemoryGuard:
         )
 
 
-def memory_error_message(where: str, e: MemoryError) -> str:
+def memory_error_message(where: str, e: BaseException) -> str:
     """The message of a ``MemoryError`` finding (it may not reproduce: it depends on the process)."""
     detail = f": {e}" if str(e) else ""
     return (

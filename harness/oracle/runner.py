@@ -19,6 +19,7 @@ from typing import NoReturn
 from harness.core import ops as O
 from harness.core.book import BookRequest
 from harness.core.observation import Observation
+from harness.core.ops_json import op_to_json
 from harness.ledger.schedule import ModelRun, Publication
 from harness.oracle.dense import DenseRun, dense_reference, row_errors
 from harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
@@ -266,7 +267,7 @@ class ModelRunner:
                 target=getattr(self.target, "name", type(self.target).__name__),
                 request_id=r.rid,
                 op_index=self.op_index,
-                op=O.op_to_json(self.op),
+                op=op_to_json(self.op),
                 positions=list(positions),
                 group=group,
                 layer=layer,

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.core import ops as O
 from harness.core.observation import Observation
+from harness.core.ops_json import op_to_json
 from harness.targets.spec import SpecTarget
 from harness.traces.trace import Trace, dumps_trace
 
@@ -165,7 +166,7 @@ def _config_line(trace: Trace) -> str:
 
 
 def _op_line(op: O.Op) -> str:
-    d = O.op_to_json(op)
+    d = op_to_json(op)
     name = d.pop("op")
     parts: list[str] = []
     for k, v in d.items():

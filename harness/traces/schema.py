@@ -8,15 +8,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from harness.core.ops import (
+from harness.core.ops import Op
+from harness.core.ops_json import op_from_json
+from harness.core.strict_json import (
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
     MAX_TEXT_CHARS,
-    Op,
     TraceFormatError,
     describe,
     key_path,
-    op_from_json,
     want_int,
     want_list,
     want_object,

@@ -3,7 +3,7 @@
 A trace is data that ``kvspec replay`` and ``kvspec report`` read from anywhere (a CI artifact, a
 bug report), so reading it is strict and bounded: one schema, checked field by field, nothing
 coerced (an int is never a bool or a float, a list never a string), every size bounded.  Any
-departure raises ``TraceFormatError`` (from ``harness.core.ops``) naming the file and the JSON path of
+departure raises ``TraceFormatError`` (from ``harness.core.strict_json``) naming the file and the JSON path of
 the bad field, e.g. ``trace.json: config.groups[0].sliding_window: expected an int >= 1 and <= 1048576,
 got 2.5``; the CLI turns it into exit 2.  A trace never chooses code to run: its ``target.name`` is a
 label, which ``kvspec replay`` uses only if it is a built-in target (``harness.traces.replay``).
@@ -45,7 +45,7 @@ Schema (version 1); ``T`` = ``MAX_TOKENS`` = 2**20, ``B`` = ``MAX_NUM_BLOCKS`` =
      "extra"?: JSON object}
 
 ``?`` marks an optional field; no other field is allowed where the schema lists the fields.
-Operation fields (``harness.core.ops.op_from_json``): request ids non-empty strings of at most 256
+Operation fields (``harness.core.ops_json.op_from_json``): request ids non-empty strings of at most 256
 characters; token ids ints in [0, 2**31); token lists and counts at most ``T``; ``block_ids`` ints
 in [0, B); ``lora`` null or [name, path] (two strings of at most 4096 characters); ``mm_features``
 at most 1024 objects {"identifier": str, "offset": int in [0, T], "length": int in [1, T]};
@@ -85,18 +85,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.equality import RELATIONS
-from harness.core.ops import (
+from harness.core.ops import Op
+from harness.core.ops_json import op_from_json, op_to_json
+from harness.core.strict_json import (
     MAX_BLOCK_SIZE,
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
     MAX_TEXT_CHARS,
     MAX_TOKENS,
-    Op,
     TraceFormatError,
     describe,
     describe_names,
-    op_from_json,
-    op_to_json,
     want_bool,
     want_choice,
     want_int,

@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from harness.core import ops as O
+from harness.core.ops_json import op_to_json
 from harness.targets.spec import SpecTarget
 from harness.vllm_sched.build import SchedKnobs, build_scheduler
 from harness.vllm_sched.driver import SCHED_FAMILIES, Driver, WorldStep, draw_config, draw_knobs
 from harness.vllm_sched.proxy import install
-from harness.world.scheduler import SchedConfig, Scheduler
+from harness.world.records import SchedConfig
+from harness.world.scheduler import Scheduler
 from harness.world.workload import SeededChoices
 from spec.config import KVCacheConfig
 
@@ -231,14 +233,14 @@ def _differ(where: str, real: Sequence[O.Op], model: Sequence[O.Op], phase: str 
             continue
         if type(a) is not type(b):
             return Difference(f"{phase}: real {a.op} / model {b.op}", detail)
-        fields = [k for k, v in O.op_to_json(a).items() if O.op_to_json(b).get(k) != v]
+        fields = [k for k, v in op_to_json(a).items() if op_to_json(b).get(k) != v]
         return Difference(f"{phase}: {a.op} differs in {', '.join(fields)}", detail)
     longer, side = (real, "real") if len(real) > len(model) else (model, "model")
     return Difference(f"{phase}: only the {side} calls {longer[min(len(real), len(model))].op}", detail)
 
 
 def _show(ops: Sequence[O.Op]) -> str:
-    return "[" + ", ".join(json.dumps(O.op_to_json(op), separators=(",", ":")) for op in ops) + "]"
+    return "[" + ", ".join(json.dumps(op_to_json(op), separators=(",", ":")) for op in ops) + "]"
 
 
 def compare_run(family: str, seed: int, max_engine_steps: int = 200) -> RunAgreement:
@@ -289,7 +291,7 @@ def replay_on_model(
     answers = WorldAnswers(knobs)
     model = Scheduler(model_config(config, knobs), emit, answers, lambda rid: target.observe().tables[0].get(rid, ()))
     answers.model = model
-    model.load_reservation = target.load_reservation
+    model.transfers.load_reservation = target.load_reservation
     res = RunAgreement(family, seed, engine_steps=len(world))
     for step, real in zip(world, real_steps, strict=True):
         start = len(model_calls)
@@ -349,7 +351,7 @@ def _model_step(
             model.finish(op.request_id)
     for rid in step.loads_done:
         r = model.reqs.get(rid)
-        if rid in model.loading_aborted or (r is not None and r.recv == "pending"):
+        if rid in model.transfers.loading_aborted or (r is not None and r.recv == "pending"):
             model.kv_arrives(rid, True)
 
 

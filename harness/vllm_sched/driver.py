@@ -1,4 +1,4 @@
-"""Drive vLLM's real ``Scheduler`` through its inputs only, from a ``harness.world.workload.Choices``.
+"""Drive vLLM's real ``Scheduler`` through its inputs only, from a ``harness.world.choices.Choices``.
 
 Each engine step: request arrivals (prompts built from a few shared prefixes, so prefix caching
 hits, of varied lengths and ``max_tokens``; with the KV connector, some with a remote prefix to
@@ -25,7 +25,7 @@ from typing import Any
 from harness.check.finding import Finding, FindingError
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler
 from harness.vllm_sched.proxy import LockstepSink, install
-from harness.world.workload import Choices
+from harness.world.choices import Choices
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
 

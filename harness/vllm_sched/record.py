@@ -35,6 +35,7 @@ from typing import Any
 
 from harness.check.finding import FindingError
 from harness.core import ops as O
+from harness.core.ops_json import op_to_json
 from harness.targets.base import Unsupported
 from harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
 from harness.vllm_sched.proxy import LockstepSink, install
@@ -142,7 +143,7 @@ class RecordSink:
             self.write()
             return
         self.steps.append((op, outcome))
-        self._lines.append(json.dumps({**O.op_to_json(op), "outcome": outcome}))
+        self._lines.append(json.dumps({**op_to_json(op), "outcome": outcome}))
         if len(self.steps) % self.every == 0:
             self.write()
 

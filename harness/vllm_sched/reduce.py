@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from harness.vllm_sched.driver import RunResult, draw_config, draw_knobs, run_one
-from harness.world.workload import Choices, SeededChoices
+from harness.world.choices import Choices
+from harness.world.workload import SeededChoices
 
 T = TypeVar("T")
 Overrides = dict[tuple[str, int], int]

@@ -39,69 +39,20 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.core import ops as O
-from harness.core.book import BookRequest, apply_request_op, new_book_request
+from harness.core.book import new_book_request
+from harness.world.choices import Choices
+from harness.world.records import Batch, RequestChanges, SchedConfig, SReq
 from harness.world.transfer import KVTransfers
 from spec.request import RequestStatus
 
-if TYPE_CHECKING:
-    from harness.world.workload import Choices
 
-
-@dataclass(frozen=True)
-class SchedConfig:
-    """The scheduler knobs that change which manager calls happen."""
-
-    token_budget: int  # max_num_scheduled_tokens (chunked prefill always on)
-    max_num_seqs: int
-    max_model_len: int
-    block_size: int  # scheduler_block_size (LCM of the groups' block sizes)
-    num_spec_tokens: int = 0  # k drafts per step; 0 = no speculative decoding
-    num_lookahead_tokens: int = 0  # EAGLE / draft-model lookahead slots (0 or k)
-    connector: bool = False  # a KV connector (P/D) answers get_num_new_matched_tokens
-    single_group: bool = True  # invalid-block recovery needs one group (vLLM 0.33)
-    # vLLM 0.33 scheduler_reserve_full_isl: admissions pass full_sequence_must_fit (the whole prompt
-    # must fit, window kinds capped by their recycling bound).
-    reserve_full_isl: bool = False
-    # vLLM 0.33 ``AsyncScheduler`` (``scheduler_config.async_scheduling``): two batches in flight.
-    async_scheduling: bool = False
-    # An encoder-decoder model (a cross-attention group): encoder inputs are scheduled on admission.
-    encoder_decoder: bool = False
-    # Requests may carry prompt embeddings instead of token ids (the workload's choice).
-    prompt_embeds: bool = False
-
-
-@dataclass
-class SReq(BookRequest):
-    """The scheduler's record of a request: the book's fields, changed only through
-    ``harness.core.book.apply_request_op`` as the ops are emitted, plus the scheduler's own facts."""
-
-    num_preemptions: int = 0
-    recv: str | None = None  # None | "pending" | "done" | "failed"
-    aborted: bool = False  # finished while its remote KV was still loading (free delayed)
-    sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
-    num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned
-    num_stale_output_tokens: int = 0  # async: in-flight tokens of steps before a preemption
-    is_prefill_chunk: bool = False  # its last scheduled step left prompt to compute (0.33 ``Request``)
-
-
-@dataclass
-class Batch:
-    """One ``SchedulerOutput``: tokens per request, the padded and draft-carrying requests, and the
-    requests whose step samples a token (not a partial prefill chunk when scheduled)."""
-
-    scheduled: dict[str, int] = field(default_factory=dict)
-    padded: set[str] = field(default_factory=set)
-    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    samples: set[str] = field(default_factory=set)
-
-
-class Scheduler(KVTransfers):
-    """vLLM 0.33's scheduler-side bookkeeping (module docstring); the KV-transfer side lives in
-    ``harness.world.transfer.KVTransfers``."""
+class Scheduler:
+    """vLLM 0.33's scheduler-side bookkeeping (module docstring); its KV-transfer side is
+    ``transfers`` (``harness.world.transfer.KVTransfers``), its records change through ``changes``
+    (``harness.world.records.RequestChanges``)."""
 
     def __init__(
         self,
@@ -113,14 +64,14 @@ class Scheduler(KVTransfers):
         self.cfg = cfg
         self.emit = emit
         self.ch = choices
-        self.table = table  # group-0 block table of a request (for invalid-block recovery)
         self.reqs: dict[str, SReq] = {}
         self.waiting: deque[str] = deque()
         self.kv_holding: deque[str] = deque()
         self.running: list[str] = []
-        self.loading_aborted: dict[str, SReq] = {}
         self.in_flight: deque[Batch] = deque()  # async: batches whose output is not processed yet
         self.counts: Counter[str] = Counter()
+        self.changes = RequestChanges(emit)
+        self.transfers = KVTransfers(cfg, emit, self.changes, self.counts, table)
         self._next_id = 0
         # Does a request stop on the tokens it just sampled (a stop token, its max_tokens), and how
         # many of them does it keep?  ``stops(request_id, new_tokens)``: the count kept, or None.
@@ -128,12 +79,9 @@ class Scheduler(KVTransfers):
         # own stops); the workloads stop requests through their ``finish`` action instead.
         self.stops: Callable[[str, tuple[int, ...]], int | None] | None = None
         # vLLM 0.33 ``_inflight_prefills``: requests admitted to load asynchronously or to prefill in
-        # more than one chunk, until a step leaves them with no prompt to compute.  An asynchronous
-        # load is admitted only with their remaining blocks set aside; ``load_reservation(pending,
-        # step_tokens)`` (``SpecTarget.load_reservation`` on the reference state) counts them.  Unset,
-        # nothing is set aside (a driver without a reference state).
+        # more than one chunk, until a step leaves them with no prompt to compute (an asynchronous
+        # load's admission sets their remaining blocks aside: ``KVTransfers.reservation``).
         self.inflight_prefills: set[str] = set()
-        self.load_reservation: Callable[[list[tuple[str, int, int]], int], int] | None = None
 
     # --- request lifecycle ---------------------------------------------------------------------
 
@@ -148,27 +96,6 @@ class Scheduler(KVTransfers):
         self.waiting.append(op.request_id)
         self.counts["add_request"] += 1
 
-    def _change(self, r: SReq, op: O.Op) -> None:
-        """A change to the request object: the book's rule on the scheduler's record, then emitted."""
-        apply_request_op(r, op)
-        self.emit(op)
-
-    def _set_computed(self, r: SReq, n: int) -> None:
-        if r.num_computed_tokens != n:
-            self._change(r, O.SetNumComputedTokens(r.request_id, n))
-
-    def _set_in_flight(self, r: SReq, n: int) -> None:
-        if r.num_in_flight_tokens != n:
-            self._change(r, O.SetNumInFlightTokens(r.request_id, n))
-
-    def _set_status(self, r: SReq, status: RequestStatus) -> None:
-        if r.status != status:
-            self._change(r, O.SetStatus(r.request_id, status.value))
-
-    def _set_spec(self, r: SReq, drafts: tuple[int, ...]) -> None:
-        if r.spec_token_ids != drafts:
-            self._change(r, O.SetSpecTokens(r.request_id, drafts))
-
     def _free(self, r: SReq) -> None:
         """``_free_request``: with a connector, drop out-of-window blocks first (processed basis),
         whether or not the request holds blocks (vLLM 0.33 ``_connector_finished``)."""
@@ -181,9 +108,9 @@ class Scheduler(KVTransfers):
         cleared, back to the front of ``waiting``."""
         self.emit(O.Free(r.request_id))
         self.inflight_prefills.discard(r.request_id)
-        self._set_status(r, RequestStatus.PREEMPTED)
-        self._set_computed(r, 0)
-        self._set_spec(r, ())
+        self.changes.set_status(r, RequestStatus.PREEMPTED)
+        self.changes.set_computed(r, 0)
+        self.changes.set_spec(r, ())
         # Async: in-flight output turns stale (delivered later, counters untouched).
         r.num_stale_output_tokens = r.num_in_flight_tokens
         r.num_output_placeholders = 0
@@ -212,15 +139,21 @@ class Scheduler(KVTransfers):
         """``finish_requests(ABORTED)`` for a request in any queue."""
         r = self._remove(rid)
         if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and r.recv == "pending":
-            # The load was posted and has not finished: free only on arrival (vLLM delays it).
-            if self.cfg.connector:
-                self.emit(O.RemoveSkippedBlocks(r.request_id, r.num_computed_tokens))
-            r.aborted = True
-            self.loading_aborted[rid] = r
-            self.counts["abort_while_loading"] += 1
+            self.transfers.abort_while_loading(r)
             return
         self._free(r)
         self.counts["abort"] += 1
+
+    def kv_arrives(self, rid: str, ok: bool, valid_tokens: int = 0) -> None:
+        """The worker reports ``finished_recving`` (or a failed load) for an async P/D load."""
+        if not self.transfers.arrived_after_abort(rid):
+            self.transfers.load_finished(self.reqs[rid], ok, valid_tokens)
+
+    def fail_load(self, rid: str, valid_tokens: int) -> None:
+        """An asynchronous load reports invalid blocks under the ``fail`` policy: its request is
+        truncated (``KVTransfers.truncate_failed_load``), then aborted while its load is pending."""
+        self.transfers.truncate_failed_load(self.reqs[rid], valid_tokens)
+        self.abort(rid)
 
     # --- one engine step -----------------------------------------------------------------------
 
@@ -283,7 +216,7 @@ class Scheduler(KVTransfers):
                 k = n + r.num_computed_tokens - r.num_tokens
                 if k > 0:
                     batch.drafts[r.request_id] = r.spec_token_ids[:k]
-                self._set_spec(r, ())
+                self.changes.set_spec(r, ())
         if not preempted:
             self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
         self._update_after_schedule(batch)
@@ -295,9 +228,9 @@ class Scheduler(KVTransfers):
         which async scheduling counts as an output placeholder until it returns."""
         for rid, n in batch.scheduled.items():
             r = self.reqs[rid]
-            self._set_computed(r, r.num_computed_tokens + n)
+            self.changes.set_computed(r, r.num_computed_tokens + n)
             if self.cfg.async_scheduling:
-                self._set_in_flight(r, r.num_in_flight_tokens + n)
+                self.changes.set_in_flight(r, r.num_in_flight_tokens + n)
             r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
             if not r.is_prefill_chunk:
                 self.inflight_prefills.discard(rid)
@@ -323,7 +256,7 @@ class Scheduler(KVTransfers):
                 if r.recv == "pending":
                     (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
                     continue
-                self._update_waiting_for_remote_kv(r)
+                self.transfers.update_waiting_for_remote_kv(r)
             ext, load_async, local, looked_up = 0, False, 0, False
             if r.num_computed_tokens == 0:
                 hit = self.emit(O.GetComputedBlocks(r.request_id))
@@ -331,7 +264,7 @@ class Scheduler(KVTransfers):
                 local = hit["num_hit_tokens"]
                 self.counts["prefix_hit" if local else "prefix_miss"] += 1
                 if cfg.connector and not r.skip_reading_prefix_cache:
-                    ext, load_async = self._ask_connector(r, local)
+                    ext, load_async = self.transfers.ask_connector(r, local, self.ch)
                 num_computed = local + ext
             else:
                 num_computed = r.num_computed_tokens
@@ -363,7 +296,7 @@ class Scheduler(KVTransfers):
                     delay_cache_blocks=load_async,
                     num_encoder_tokens=self._encoder_tokens(r, num_computed),
                     full_sequence_must_fit=cfg.reserve_full_isl,
-                    reserved_blocks=self._load_reservation() if load_async else 0,
+                    reserved_blocks=self.transfers.reservation(self.inflight_prefills, self.reqs) if load_async else 0,
                     has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
                 )
             )
@@ -372,8 +305,8 @@ class Scheduler(KVTransfers):
                 self.counts["admission_refused"] += 1
                 break
             if load_async:
-                self._set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
-                self._set_computed(r, num_computed)
+                self.changes.set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
+                self.changes.set_computed(r, num_computed)
                 r.recv = "pending"
                 queue.popleft()
                 skipped_holding.append(r.request_id)
@@ -384,8 +317,8 @@ class Scheduler(KVTransfers):
             self.running.append(r.request_id)
             scheduled[r.request_id] = n
             budget -= n
-            self._set_status(r, RequestStatus.RUNNING)
-            self._set_computed(r, num_computed)
+            self.changes.set_status(r, RequestStatus.RUNNING)
+            self.changes.set_computed(r, num_computed)
             r.sync_ext_this_step = ext
             if num_computed + n < r.num_tokens:
                 self.inflight_prefills.add(r.request_id)
@@ -420,7 +353,7 @@ class Scheduler(KVTransfers):
             r = self.reqs.get(rid)
             if r is None:
                 continue  # finished or aborted while the step was in flight: output dropped
-            self._set_in_flight(r, r.num_in_flight_tokens - n)
+            self.changes.set_in_flight(r, r.num_in_flight_tokens - n)
             stale = r.num_stale_output_tokens > 0
             if stale:
                 r.num_stale_output_tokens -= n
@@ -434,7 +367,7 @@ class Scheduler(KVTransfers):
         processed basis (``num_computed_tokens - num_in_flight_tokens``)."""
         running = r.status == RequestStatus.RUNNING
         if r.num_tokens < self.cfg.max_model_len:
-            self._change(r, O.AppendOutputTokens(r.request_id, (self.ch.token(f"sampled:{r.request_id}"),)))
+            self.changes.apply(r, O.AppendOutputTokens(r.request_id, (self.ch.token(f"sampled:{r.request_id}"),)))
         if not stale and r.num_output_placeholders > 0:
             r.num_output_placeholders -= 1
             if running:
@@ -449,9 +382,9 @@ class Scheduler(KVTransfers):
         are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
         cfg = self.cfg
         scheduled, padded = batch.scheduled, batch.padded
-        failed: list[SReq] = []
-        invalid, recompute = self._invalid_blocks(scheduled)
-        affected = self._handle_invalid_blocks(invalid, recompute, scheduled, failed) if invalid else set()
+        running = {rid: self.reqs[rid] for rid in self.running}
+        affected, fail = self.transfers.recover_invalid_blocks(scheduled, running, self.ch)
+        failed = [self._remove(rid) for rid in affected] if fail else []  # failed after the output
         for rid in list(scheduled):
             r = self.reqs.get(rid)
             if r is None or rid not in self.running or rid in affected:
@@ -466,7 +399,7 @@ class Scheduler(KVTransfers):
                 accepted = self.ch.integer(0, len(drafts), f"accepted_drafts:{rid}")
             rejected = len(drafts) - accepted
             if rejected and r.num_computed_tokens > 0:
-                self._set_computed(r, r.num_computed_tokens - rejected)
+                self.changes.set_computed(r, r.num_computed_tokens - rejected)
                 self.counts["spec_rejection"] += 1
             new_tokens = list(drafts[:accepted]) + [self.ch.token(f"sampled:{rid}")]
             # vLLM 0.33 ``_update_request_with_output``: tokens after a stop are dropped, and the
@@ -477,10 +410,10 @@ class Scheduler(KVTransfers):
             if told is not None:
                 keep, stopped = min(keep, told), True
             if keep < len(new_tokens):
-                self._set_computed(r, r.num_computed_tokens - (len(new_tokens) - keep))
+                self.changes.set_computed(r, r.num_computed_tokens - (len(new_tokens) - keep))
                 new_tokens = new_tokens[:keep]
             if new_tokens:
-                self._change(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
+                self.changes.apply(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
                 if cfg.num_spec_tokens > 0:
                     self.emit(O.CacheBlocks(rid, r.num_computed_tokens))
                     self.counts["early_cache"] += 1
@@ -491,7 +424,7 @@ class Scheduler(KVTransfers):
             if cfg.num_spec_tokens > 0:
                 k = self.ch.integer(0, cfg.num_spec_tokens, f"num_drafts:{rid}")
                 drafts = tuple(self.ch.token(f"draft:{rid}") for _ in range(k))
-                self._set_spec(r, drafts)
+                self.changes.set_spec(r, drafts)
                 if drafts:
                     self.counts["drafts"] += 1
         for r in failed:
@@ -500,7 +433,7 @@ class Scheduler(KVTransfers):
     # --- queries for rules ---------------------------------------------------------------------
 
     def loading(self) -> list[str]:
-        return [rid for rid, r in self.reqs.items() if r.recv == "pending"] + list(self.loading_aborted)
+        return [rid for rid, r in self.reqs.items() if r.recv == "pending"] + list(self.transfers.loading_aborted)
 
     def idle(self) -> bool:
-        return not self.reqs and not self.loading_aborted and not self.in_flight
+        return not self.reqs and not self.transfers.loading_aborted and not self.in_flight

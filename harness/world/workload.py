@@ -15,10 +15,12 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from harness.core import ops as O
-from harness.world.scheduler import SchedConfig, Scheduler
+from harness.world.choices import Choices
+from harness.world.records import SchedConfig
+from harness.world.scheduler import Scheduler
 from spec.config import KVCacheConfig
 
 T = TypeVar("T")
@@ -37,22 +39,6 @@ def embed_row(token: int) -> str:
     """The prompt_embeds row standing for ``token`` (hex of float32 little-endian): equal tokens
     give equal rows, so embedding prompts share prefixes exactly as token prompts do."""
     return struct.pack(f"<{EMBED_DIM}f", *(token * (i + 1) / 4 for i in range(EMBED_DIM))).hex()
-
-
-class Choices(Protocol):
-    """Where the world's choices come from (Hypothesis draws, or a seeded RNG)."""
-
-    def integer(self, lo: int, hi: int, label: str, boundary: int | None = None) -> int:
-        """An int in ``[lo, hi]``; with ``boundary``, often at or next to one of its multiples."""
-        ...
-
-    def boolean(self, label: str) -> bool: ...
-
-    def token(self, label: str) -> int: ...
-
-    def tokens(self, n: int, label: str) -> tuple[int, ...]: ...
-
-    def choice(self, options: Sequence[T], label: str) -> T: ...
 
 
 def near_multiple_points(m: int, lo: int, hi: int) -> list[int]:
@@ -263,7 +249,7 @@ class Workload:
             bs = sched.cfg.block_size
             # Invalid blocks: truncate at the first invalid block (0.33 _update_requests_with_invalid_blocks).
             # The worker only reports real blocks, so the first invalid one lies past any null prefix.
-            table = sched.table(rid) if sched.table is not None else ()
+            table = sched.transfers.table(rid) if sched.transfers.table is not None else ()
             lead = next((i for i, b in enumerate(table) if b), len(table))
             last = -(-r.num_computed_tokens // bs) - 1
             if (
@@ -317,7 +303,7 @@ def run_seeded(
     target.reset(config)
     sc = draw_sched_config(ch, config, features=features)
     w = Workload(config, sc, emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
-    w.sched.load_reservation = getattr(target, "load_reservation", None)  # the spec's, when it is the target
+    w.sched.transfers.load_reservation = getattr(target, "load_reservation", None)  # the spec's, when it is the target
     for _ in range(actions):
         enabled = [a for a in ACTIONS if a.enabled(w)]
         w.run(rng.choices(enabled, weights=[a.weight for a in enabled])[0].name, ch)

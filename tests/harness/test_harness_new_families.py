@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 from harness.check.machine import RunStats, make_machine, run_machine
 from harness.core import ops as O
+from harness.core.ops_json import op_from_json, op_to_json
+from harness.core.strict_json import TraceFormatError
 from harness.mutants.registry import _patched
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
@@ -140,10 +142,10 @@ def test_old_families_emit_none_of_the_new_inputs(family: str) -> None:
 def test_new_op_and_field_round_trip() -> None:
     rows = tuple(embed_row(t) for t in (1, 2, 3))
     for op in (O.AddRequest("r1", (0, 0, 0), prompt_embeds=rows), O.SetNumInFlightTokens("r1", 5)):
-        assert O.op_from_json(O.op_to_json(op)) == op
+        assert op_from_json(op_to_json(op)) == op
     # Without embeddings the field is left out, so older traces and readers are unaffected.
-    assert "prompt_embeds" not in O.op_to_json(O.AddRequest("r1", (1,)))
-    old = O.op_from_json({"op": "add_request", "request_id": "r1", "prompt_token_ids": [1]})
+    assert "prompt_embeds" not in op_to_json(O.AddRequest("r1", (1,)))
+    old = op_from_json({"op": "add_request", "request_id": "r1", "prompt_token_ids": [1]})
     assert isinstance(old, O.AddRequest) and old.prompt_embeds is None
 
 
@@ -174,8 +176,8 @@ def test_new_op_and_field_round_trip() -> None:
     ],
 )
 def test_bad_new_fields_are_rejected(obj: dict[str, Any], says: str) -> None:
-    with pytest.raises(O.TraceFormatError, match=says):
-        O.op_from_json(obj)
+    with pytest.raises(TraceFormatError, match=says):
+        op_from_json(obj)
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)

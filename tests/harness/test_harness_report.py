@@ -5,6 +5,7 @@ import sys
 
 from harness.cli import main
 from harness.core import ops as O
+from harness.core.ops_json import op_to_json
 from harness.traces.report import draw_token_layout, write_report
 from harness.traces.trace import Trace, read_trace
 from spec.config import KVCacheConfig, full_attention
@@ -21,7 +22,7 @@ def _finding_trace() -> Trace:
         "kind": "divergence",
         "step": 2,
         "message": "outcome differs",
-        "op": O.op_to_json(steps[2][0]),
+        "op": op_to_json(steps[2][0]),
         "expected": {"block_ids": [[1, 2]]},
         "actual": {"block_ids": [[2, 1]]},
         "requests": ["r1"],

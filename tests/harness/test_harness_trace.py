@@ -6,7 +6,7 @@ import pytest
 
 from harness.cli import main
 from harness.core import ops as O
-from harness.core.ops import TraceFormatError
+from harness.core.strict_json import TraceFormatError
 from harness.traces.trace import Trace, dumps_trace, read_trace, trace_from_json, trace_to_json
 from spec.config import KVCacheConfig, full_attention, sliding_window
 

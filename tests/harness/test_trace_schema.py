@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from harness.cli import main
 from harness.core import ops as O
 from harness.core.equality import RELATIONS
-from harness.core.ops import OP_TYPES, TraceFormatError
+from harness.core.ops import OP_TYPES
+from harness.core.ops_json import op_from_json, op_to_json
+from harness.core.strict_json import MAX_NUM_BLOCKS, MAX_TOKENS, TraceFormatError
 from harness.mutants.registry import resolve_target
 from harness.targets.spec import SpecTarget
 from harness.traces.replay import replay
@@ -383,7 +385,7 @@ def test_num_blocks_at_the_bound_loads_and_resets_fast(tmp_path: Path) -> None:
     """The bound on num_blocks (2**20) keeps SpecTarget.reset (what replay and report do first) short;
     the 8 steps of the base trace are within the replay-work bound (num_blocks x steps <= 2**24)."""
     d = _base()
-    d["config"]["num_blocks"] = O.MAX_NUM_BLOCKS
+    d["config"]["num_blocks"] = MAX_NUM_BLOCKS
     trace = loads_trace(json.dumps(d))
     assert len(trace.steps) * trace.config.num_blocks <= MAX_BLOCK_STEPS
     t0 = time.monotonic()
@@ -413,7 +415,7 @@ def test_every_operation_field_has_a_parser() -> None:
     ]
     assert {op.op for op in ops} == set(OP_TYPES)
     for op in ops:
-        assert O.op_from_json(O.op_to_json(op)) == op
+        assert op_from_json(op_to_json(op)) == op
 
 
 # --- Hypothesis: corrupted real traces --------------------------------------------------------------
@@ -644,7 +646,7 @@ def _check_op(op: O.Op) -> None:
 
 def _check_config(c: KVCacheConfig) -> None:
     assert type(c) is KVCacheConfig and _is_int(c.num_blocks) and _is_int(c.max_model_len)
-    assert 1 <= c.num_blocks <= O.MAX_NUM_BLOCKS and 1 <= c.max_model_len <= O.MAX_TOKENS
+    assert 1 <= c.num_blocks <= MAX_NUM_BLOCKS and 1 <= c.max_model_len <= MAX_TOKENS
     assert type(c.groups) is tuple and c.groups
     for g in c.groups:
         assert type(g) is AttentionSpec and type(g.kind) is str and _is_int(g.block_size)

@@ -10,6 +10,7 @@ import pytest
 
 from harness.core import ops as O
 from harness.world.scheduler import Scheduler
+from harness.world.transfer import KVTransfers
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
@@ -71,7 +72,7 @@ def test_a_model_that_pads_a_decode_behind_an_admission_differs(monkeypatch: pyt
 
 
 def test_a_model_that_sets_nothing_aside_for_a_load_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Scheduler, "_load_reservation", lambda self: 0)
+    monkeypatch.setattr(KVTransfers, "reservation", lambda self, inflight_prefills, reqs: 0)
     kinds = {compare_run("connector", run_seed(0, i), max_engine_steps=150).difference for i in range(3)}
     assert kinds == {"schedule: allocate_slots differs in reserved_blocks"}, kinds
 
