@@ -13,18 +13,19 @@ Modes:
 - ``self``: the *spec itself* is mutated, reference included, so nothing can diverge: only the
   invariants of ``spec.invariants`` (which keep the original code) can kill it.
 
-Built-in catalogue: the spec mutants (``harness.mutants.registry``, in their ``MUTANT_MODES``), the ``impl``
-allocator mutants (``harness.mutants.impl``) and, where vLLM 0.33.0 is installed, runtime mutants of
-vLLM's manager (``harness.mutants.vllm``) and of its real scheduler (``harness.vllm_sched.mutants``:
+Built-in catalogue (``harness.mutants.registry.all_mutants``, each ``Mutant`` in its ``modes``): the
+spec mutants (``harness.mutants.spec``, ``harness.mutants.invariants``), the ``impl`` allocator
+mutants (``harness.mutants.impl``) and, where vLLM 0.33.0 is installed, runtime mutants of vLLM's
+manager (``harness.mutants.vllm``) and of its real scheduler (``harness.mutants.vllm_scheduler``:
 seeded runs of the real scheduler, no Hypothesis; the "shrunk" column is the recorded run).
 ``--target pkg.mod:factory`` runs a user's mutants instead:
 ``--mutants pkg.mod:mutants`` (default: ``mutants`` in the target's module) is a callable returning
 ``{name: factory}`` or ``{name: (factory, family)}``; each factory builds the user's target with one
 bug; the unmutated target is fuzzed first as the control (a failing control is exit 2).
 
-After the table: every check (the 29 invariants of ``spec.invariants.INVARIANTS``, the event replay
-``events_replay``, and the equality relations' ``outcome`` and ``observation`` comparisons) that
-killed no mutant.
+After the table: every check (the 29 invariants of ``spec.invariants.SPEC_INVARIANTS``, the event
+replay ``events_replay``, and the equality relations' ``outcome`` and ``observation`` comparisons)
+that killed no mutant.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.mutants.record import Mutant
 
 from harness.run.options import MutantsOptions, UsageError
 
@@ -129,56 +133,37 @@ def add_parser(sub: Any) -> None:
 
 
 def builtin_entries(with_vllm: bool) -> list[Entry]:
-    from harness.mutants import impl as im
-    from harness.mutants import registry as sm
+    """One row per built-in mutant and mode (``harness.mutants.registry.all_mutants``); the runtime
+    vLLM ones only ``with_vllm``."""
+    from harness.mutants.registry import all_mutants
+
+    return [
+        _entry(m, mode)
+        for m in all_mutants()
+        if with_vllm or m.target not in ("vllm", "vllm-scheduler")
+        for mode in m.modes
+    ]
+
+
+def _entry(m: Mutant, mode: str) -> Entry:
+    """The row of mutant ``m`` in ``mode``: in ``self`` mode the spec itself carries the bug."""
+    from harness.mutants.registry import mutant_factory
     from harness.targets.spec import SpecTarget
 
-    out: list[Entry] = []
-    for name in sm.MUTANTS:
-        fams = (sm.MUTANT_FAMILIES[name],)
-        for mode in sm.MUTANT_MODES.get(name, ("exact",)):
-            if mode == "self":
-                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, SpecTarget, patch=_self_patch(name)))
-            else:
-                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, _bind(sm.make_mutant, name)))
-    from harness.mutants import invariants as mi
-
-    for name in mi.MUTANTS:
-        for mode in mi.MODES.get(name, ("self",)):
-            fams = (mi.FAMILIES[name],)
-            if mode == "self":
-                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, SpecTarget, patch=_self_patch(name)))
-            else:
-                out.append(Entry(name, "spec", mode, f"mutant:{name}", fams, _bind(sm.make_mutant, name)))
-    for name in im.MUTANTS:
-        fams = (im.MUTANT_FAMILIES.get(name, "full"),)
-        out.append(Entry(name, "impl", "exact", f"mutant:{name}", fams, _bind(im.make_mutant_target, name)))
-    if with_vllm:
-        from harness.mutants import vllm as vm
-        from harness.vllm_sched import mutants as schm
-
-        for name in vm.MUTANTS:
-            out.append(
-                Entry(name, "vllm", "exact", f"mutant:{name}", (vm.FAMILIES[name],), _bind(vm.make_mutant_target, name))
-            )
-        for name, m in schm.MUTANTS.items():
-            out.append(Entry(name, "scheduler", "exact", f"mutant:{name}", (m.family,), _no_target))
-    return out
+    origin = "scheduler" if m.target == "vllm-scheduler" else m.target
+    target, fams = f"mutant:{m.name}", (m.family,)
+    if mode == "self":
+        return Entry(m.name, origin, mode, target, fams, SpecTarget, patch=_self_patch(m.name))
+    factory = _no_target if m.target == "vllm-scheduler" else mutant_factory(m)
+    return Entry(m.name, origin, mode, target, fams, factory)
 
 
 def _no_target() -> Any:
     raise AssertionError("a scheduler mutant is run by harness.vllm_sched, not through a target factory")
 
 
-def _bind(make: Callable[[str], Any], name: str) -> Callable[[], Any]:
-    def factory() -> Any:
-        return make(name)
-
-    return factory
-
-
 def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
-    from harness.mutants.registry import patched_spec
+    from harness.mutants.spec import patched_spec
 
     def patch() -> AbstractContextManager[None]:
         ctx: AbstractContextManager[None] = patched_spec(name, keep=("spec.invariants",))
@@ -282,15 +267,15 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
 
 
 def run_scheduler_entry(entry: Entry, opts: MutantsOptions) -> Row:
-    """A deliberate bug in vLLM's real scheduler (``harness.vllm_sched.mutants``): seeded runs of the
+    """A deliberate bug in vLLM's real scheduler (``harness.mutants.vllm_scheduler``): seeded runs of the
     real scheduler with the spec in lockstep behind its manager until the first finding; the run is
     reduced by re-driving the mutated scheduler with simpler inputs, then its operations on the real
     manager, and written.  No Hypothesis: the "shrunk" column
     holds the recorded run's length."""
     import json
 
+    from harness.mutants.vllm_scheduler import patched
     from harness.vllm_sched.fuzz import first_finding, write_finding
-    from harness.vllm_sched.mutants import patched
 
     start = time.monotonic()
     with patched(entry.name):  # the report is reduced by re-driving the same (mutated) scheduler
@@ -323,9 +308,9 @@ def select(entries: list[Entry], only: str | None) -> list[Entry]:
 
 
 def all_checks() -> list[str]:
-    from spec.invariants import INVARIANTS
+    from spec.invariants import SPEC_INVARIANTS
 
-    return [*INVARIANTS, "events_replay", *RELATION_CHECKS]
+    return [*SPEC_INVARIANTS, "events_replay", *RELATION_CHECKS]
 
 
 def uncovered(rows: list[Row]) -> list[str]:

@@ -1,9 +1,10 @@
 """Deliberate allocator bugs in kvspec's ``impl`` allocator, for showing the KV-content oracle works.
 
-Each mutant is ``harness.targets.impl.ImplTarget`` with one piece of ``impl.allocator`` replaced
-after ``reset`` (the pool's or a manager's class is swapped for a subclass that overrides one
-method).  They are bugs of the kinds the issue names; the oracle (``harness.oracle.target``) must catch
-each from wrong numbers alone, with no spec comparison:
+Each mutant is ``harness.targets.impl.ImplTarget`` with one method of the allocator (or of the
+adapter) replaced by a wrapper around the original on its class, for the duration of each ``reset``
+and ``apply`` and restored after it (``harness.mutants.record.patched_class``), so an unmutated
+``impl`` target in the same process is untouched.  They are bugs of the kinds the issue names; the
+oracle (``harness.oracle.target``) must catch each from wrong numbers alone, with no spec comparison:
 
 - ``reuse_while_referenced``: ``BlockPool.free_blocks`` returns every block of the freed request to
   the free queue, including a prefix block another request still references (its ``ref_cnt`` stays
@@ -19,40 +20,26 @@ each from wrong numbers alone, with no spec comparison:
 - ``hash_ignores_lora``: block hashes leave out the LoRA extra key, so requests with the same
   tokens under different adapters share blocks: a hit on a block holding another adapter's KV.
 
-``make_mutant_target(name)`` builds one; ``MUTANTS`` maps names to one-line descriptions.
+``make_mutant_target(name)`` builds one; ``MUTANTS`` holds their records, each naming the ledger
+invariant that catches it (tests/ledger/test_ledger_mutants.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from harness.core.book import BookRequest
+from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, patched_class
 from harness.targets.impl import ImplTarget
 from impl import allocator as alloc
-from spec.config import KVCacheConfig
-
-MUTANTS: dict[str, str] = {
-    "reuse_while_referenced": "free_blocks queues a block another request still references",
-    "hash_before_write": "allocate_slots publishes block hashes before the chunk (or load) writes their KV",
-    "window_off_by_one": "sliding window skips n - W + 2 tokens (one too many): a block dropped early",
-    "hash_ignores_lora": "block hashes omit the LoRA key: hits on another adapter's KV",
-}
-
-# The family in which each one shows (``kvspec mutants`` fuzzes it there).
-MUTANT_FAMILIES: dict[str, str] = {
-    "reuse_while_referenced": "full",
-    "hash_before_write": "full",
-    "window_off_by_one": "sliding_window",
-    "hash_ignores_lora": "full",
-}
 
 
-class _QueueReferencedPool(alloc.BlockPool):
-    """``free_blocks`` that queues every freed block, referenced or not (the bug)."""
-
-    def free_blocks(self, ordered: Iterable[int]) -> None:
+def _queue_referenced(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def free_blocks(self: Any, ordered: Iterable[int]) -> None:
+        """``BlockPool.free_blocks`` that queues every freed block, referenced or not (the bug)."""
         ref, key = self.ref, self.key
         front: list[int] = []
         back: list[int] = []
@@ -67,59 +54,97 @@ class _QueueReferencedPool(alloc.BlockPool):
         self._prepend_n(front)
         self._append_n(back)
 
+    return free_blocks
 
-class _HashBeforeWriteManager(alloc.KVCacheManager):
-    """``allocate_slots`` that caches up to the end of the allocated slots (the bug)."""
 
-    def allocate_slots(self, req: alloc.Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+def _hash_before_write(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def allocate_slots(self: Any, req: alloc.Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        """``allocate_slots`` that caches up to the end of the allocated slots (the bug)."""
         local = req.num_computed_tokens + kwargs.get("num_new_computed_tokens", 0)
         total = min(local + kwargs.get("num_external_computed_tokens", 0), self.max_model_len)
         need_slot = min(total + num_new_tokens + kwargs.get("num_lookahead_tokens", 0), self.max_model_len)
         kwargs["delay_cache_blocks"] = True  # suppress the correct caching ...
-        new = super().allocate_slots(req, num_new_tokens, *args, **kwargs)
+        new = orig(self, req, num_new_tokens, *args, **kwargs)
         if new is not None:
             # BUG: vLLM 0.33 caches min(total + num_new_tokens, num_tokens), and nothing under
             # delay_cache_blocks; this publishes lookahead blocks and blocks still being loaded.
             self.cache_blocks(req, min(need_slot, req.num_tokens))
         return new
 
-
-class _WindowOffByOneManager(alloc.SlidingWindowManager):
-    def skipped_tokens(self, n: int) -> int:
-        return max(0, n - self.window + 2)  # BUG: vLLM 0.33 skips n - W + 1
+    return allocate_slots
 
 
-class MutantImplTarget(ImplTarget):
+def _window_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def skipped_tokens(self: Any, n: int) -> int:
+        return max(0, n - int(self.window) + 2)  # BUG: vLLM 0.33 skips n - W + 1
+
+    return skipped_tokens
+
+
+def _hash_ignores_lora(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _rehash(self: Any, native: alloc.Request, r: BookRequest) -> None:
+        orig(self, native, dataclasses.replace(r, lora=None))  # BUG: the LoRA key is left out of the hashes
+
+    return _rehash
+
+
+def _impl_mutant(name: str, doc: str, family: str, intended: str, owner: str, attr: str, wrap: Wrap) -> Mutant:
+    return Mutant(name, "impl", doc, family, ("exact",), intended, Patch(owner, attr, wrap))
+
+
+# ``intended``: the ledger invariant that catches it first (tests/ledger/test_ledger_mutants.py).
+MUTANTS: dict[str, Mutant] = by_name(
+    (
+        _impl_mutant(
+            "reuse_while_referenced",
+            "free_blocks queues a block another request still references",
+            "full",
+            "kv_read_written",
+            "impl.block_pool:BlockPool",
+            "free_blocks",
+            _queue_referenced,
+        ),
+        _impl_mutant(
+            "hash_before_write",
+            "allocate_slots publishes block hashes before the chunk (or load) writes their KV",
+            "full",
+            "kv_publish_written",
+            "impl.kv_cache_manager:KVCacheManager",
+            "allocate_slots",
+            _hash_before_write,
+        ),
+        _impl_mutant(
+            "window_off_by_one",
+            "sliding window skips n - W + 2 tokens (one too many): a block dropped early",
+            "sliding_window",
+            "kv_read_in_real_block",
+            "impl.single_type_managers:SlidingWindowManager",
+            "skipped_tokens",
+            _window_off_by_one,
+        ),
+        _impl_mutant(
+            "hash_ignores_lora",
+            "block hashes omit the LoRA key: hits on another adapter's KV",
+            "full",
+            "kv_read_own_kv",
+            "harness.targets.impl:ImplTarget",
+            "_rehash",
+            _hash_ignores_lora,
+        ),
+    )
+)
+
+
+class MutantImplTarget(MutatedTarget, ImplTarget):
     """``ImplTarget`` with one deliberate allocator bug (see the module docstring)."""
 
     def __init__(self, mutant: str) -> None:
         if mutant not in MUTANTS:
             raise ValueError(f"unknown impl mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
-        super().__init__()
-        self.mutant = mutant
-        self.name = f"mutant:{mutant}"
+        super().__init__(MUTANTS[mutant])
 
-    @property
-    def version(self) -> str:
-        return f"kvspec impl with deliberate bug {self.mutant!r}"
-
-    def reset(self, config: KVCacheConfig) -> None:
-        super().reset(config)
-        m = self._manager
-        assert m is not None
-        if self.mutant == "reuse_while_referenced":
-            m.pool.__class__ = _QueueReferencedPool
-        elif self.mutant == "hash_before_write":
-            m.__class__ = _HashBeforeWriteManager
-        elif self.mutant == "window_off_by_one":
-            for g in m.managers:
-                if type(g) is alloc.SlidingWindowManager:
-                    g.__class__ = _WindowOffByOneManager
-
-    def _rehash(self, native: alloc.Request, r: BookRequest) -> None:
-        if self.mutant == "hash_ignores_lora":
-            r = dataclasses.replace(r, lora=None)  # BUG: the LoRA key is left out of the hashes
-        super()._rehash(native, r)
+    def active(self) -> AbstractContextManager[None]:
+        return patched_class(MUTANTS[self.mutant].patch)
 
 
 def make_mutant_target(name: str) -> MutantImplTarget:

@@ -1,10 +1,10 @@
 """Spec mutants aimed at the invariants: one small, realistic slip per check of ``spec.invariants``.
 
-Like ``harness.mutants.registry``, each entry wraps one spec function (``--target mutant:NAME`` runs it as the
-target against the unmutated spec).  ``kvspec mutants`` runs them in ``self`` mode: the spec itself,
-reference included, carries the bug, so only the invariants (which keep the original code) can see
-it; ``INTENDED`` names the invariant each one is written to trip.  The wrappers call the original
-function and change its arguments or its result, the way the slip would.
+Like ``harness.mutants.spec``, each entry wraps one spec function (``--target mutant:NAME`` runs it
+as the target against the unmutated spec).  ``kvspec mutants`` runs them in ``self`` mode: the spec
+itself, reference included, carries the bug, so only the invariants (which keep the original code)
+can see it; each record's ``intended`` names the invariant it is written to trip.  The wrappers call
+the original function and change its arguments or its result, the way the slip would.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from spec import arith, block_pool, coordinator, hashing, kv_cache_manager, managers
+from harness.mutants.record import Mode, Mutant, Patch, Wrap, by_name, doc_of
+from spec import block_pool, managers
 from spec.types import NULL_BLOCK_ID, BlockId, GroupId
-
-Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _pool_with(result: Any, **changes: Any) -> Any:
@@ -282,67 +281,123 @@ def _store_recycles_duplicate(orig: Callable[..., Any]) -> Callable[..., Any]:
     return cache_blocks
 
 
-# name -> (module holding the original, function name, wrapper factory)
-MUTANTS: dict[str, tuple[Any, str, Wrap]] = {
-    "null_block_queued": (block_pool, "init_block_pool", _null_block_queued),
-    "free_queues_twice": (block_pool, "free_blocks", _free_queues_twice),
-    "touch_keeps_queued": (block_pool, "touch", _touch_keeps_queued),
-    "free_leaks_block": (block_pool, "free_blocks", _free_leaks_block),
-    "map_entry_dropped": (block_pool, "cache_full_blocks", _map_entry_dropped),
-    "hash_ignores_parent": (hashing, "hash_block_tokens", _hash_ignores_parent),
-    "lookahead_past_max_len": (coordinator, "allocate_new_blocks", _lookahead_past_max_len),
-    "full_attention_skips": (managers, "get_num_skipped_tokens", _full_attention_skips),
-    "cached_count_kept_on_free": (managers, "free", _cached_count_kept_on_free),
-    "hit_stops_one_early": (managers, "find_longest_cache_hit_full", _hit_stops_one_early),
-    "over_allocates": (arith, "get_num_new_blocks_to_allocate", _over_allocates),
-    "reset_counts_null_block": (block_pool, "reset_prefix_cache", _reset_counts_null_block),
-    "evict_skips_referenced": (block_pool, "evict_blocks", _evict_skips_referenced),
-    "removed_events_lost": (block_pool, "take_events", _removed_events_lost),
-    "failed_allocation_keeps_blocks": (kv_cache_manager, "allocate_slots", _failed_allocation_keeps_blocks),
-    "free_hashed_to_front": (block_pool, "free_blocks", _free_hashed_to_front),
-    "free_evicts_eagerly": (block_pool, "free_blocks", _free_evicts_eagerly),
-    "key_without_group": (block_pool, "cache_full_blocks", _key_without_group),
-    "adopt_reversed": (managers, "add_local_computed_blocks", _adopt_reversed),
-    "cached_count_past_table": (managers, "cache_blocks", _cached_count_past_table),
-    "store_recycles_duplicate": (managers, "cache_blocks", _store_recycles_duplicate),
-}
+def _aimed(
+    name: str,
+    owner: str,
+    attr: str,
+    wrap: Wrap,
+    intended: str,
+    family: str = "full",
+    modes: tuple[Mode, ...] = ("self",),
+) -> Mutant:
+    """A spec mutant aimed at the invariant ``intended``."""
+    return Mutant(name, "spec", doc_of(wrap), family, modes, intended, Patch(owner, attr, wrap))
 
-FAMILIES: dict[str, str] = {name: "full" for name in MUTANTS} | {
-    "removed_events_lost": "events",
-    "key_without_group": "hybrid_equal",
-    "evict_skips_referenced": "events",
-}
 
-# The modes ``kvspec mutants`` runs each one in (default: self).  A hashing mutant cannot run in
-# self mode: the invariants recompute hashes with ``spec.hashing`` (and memoize them), so it runs
-# as the target, its observation checked by the invariants; the lost events also run that way,
-# where the event ledger (``events_replay``) sees them.
-MODES: dict[str, tuple[str, ...]] = {
-    "hash_ignores_parent": ("invariants",),
-    "removed_events_lost": ("self", "invariants"),
-}
-
-# The invariant each mutant is written to trip (the campaign reports what actually fired).
-INTENDED: dict[str, str] = {
-    "null_block_queued": "null_block_is_inert",
-    "free_queues_twice": "free_queue_well_formed",
-    "touch_keeps_queued": "free_iff_unreferenced",
-    "free_leaks_block": "conservation",
-    "map_entry_dropped": "hash_map_matches_blocks",
-    "hash_ignores_parent": "hash_chain",
-    "lookahead_past_max_len": "table_length_bounded",
-    "full_attention_skips": "null_pattern",
-    "cached_count_kept_on_free": "dict_membership",
-    "hit_stops_one_early": "full_attention_hit_is_maximal",
-    "over_allocates": "successful_allocation_is_exact",
-    "reset_counts_null_block": "reset_only_when_all_free",
-    "evict_skips_referenced": "evict_only_touches_hashes",
-    "removed_events_lost": "events_rebuild_hash_map (self), events_replay (invariants)",
-    "failed_allocation_keeps_blocks": "failed_allocation_changes_nothing",
-    "free_hashed_to_front": "free_queue_partition",
-    "free_evicts_eagerly": "free_releases_everything",
-    "key_without_group": "one_group_per_block",
-    "adopt_reversed": "sharing_only_through_prefix",
-    "cached_count_past_table": "cache_bounds",
-    "store_recycles_duplicate": "cache_blocks_publishes_full_blocks",
-}
+# ``modes``: ``self`` unless said.  A hashing mutant cannot run in self mode: the invariants recompute
+# hashes with ``spec.hashing`` (and memoize them), so it runs as the target, its observation checked
+# by the invariants; the lost events also run that way, where the event ledger (``events_replay``)
+# sees them.  ``intended``: the invariant each one is written to trip (the campaign reports what
+# actually fired).
+MUTANTS: dict[str, Mutant] = by_name(
+    (
+        _aimed("null_block_queued", "spec.block_pool", "init_block_pool", _null_block_queued, "null_block_is_inert"),
+        _aimed("free_queues_twice", "spec.block_pool", "free_blocks", _free_queues_twice, "free_queue_well_formed"),
+        _aimed("touch_keeps_queued", "spec.block_pool", "touch", _touch_keeps_queued, "free_iff_unreferenced"),
+        _aimed("free_leaks_block", "spec.block_pool", "free_blocks", _free_leaks_block, "conservation"),
+        _aimed(
+            "map_entry_dropped", "spec.block_pool", "cache_full_blocks", _map_entry_dropped, "hash_map_matches_blocks"
+        ),
+        _aimed(
+            "hash_ignores_parent",
+            "spec.hashing",
+            "hash_block_tokens",
+            _hash_ignores_parent,
+            "hash_chain",
+            modes=("invariants",),
+        ),
+        _aimed(
+            "lookahead_past_max_len",
+            "spec.coordinator",
+            "allocate_new_blocks",
+            _lookahead_past_max_len,
+            "table_length_bounded",
+        ),
+        _aimed(
+            "full_attention_skips", "spec.managers", "get_num_skipped_tokens", _full_attention_skips, "null_pattern"
+        ),
+        _aimed("cached_count_kept_on_free", "spec.managers", "free", _cached_count_kept_on_free, "dict_membership"),
+        _aimed(
+            "hit_stops_one_early",
+            "spec.managers",
+            "find_longest_cache_hit_full",
+            _hit_stops_one_early,
+            "full_attention_hit_is_maximal",
+        ),
+        _aimed(
+            "over_allocates",
+            "spec.arith",
+            "get_num_new_blocks_to_allocate",
+            _over_allocates,
+            "successful_allocation_is_exact",
+        ),
+        _aimed(
+            "reset_counts_null_block",
+            "spec.block_pool",
+            "reset_prefix_cache",
+            _reset_counts_null_block,
+            "reset_only_when_all_free",
+        ),
+        _aimed(
+            "evict_skips_referenced",
+            "spec.block_pool",
+            "evict_blocks",
+            _evict_skips_referenced,
+            "evict_only_touches_hashes",
+            family="events",
+        ),
+        _aimed(
+            "removed_events_lost",
+            "spec.block_pool",
+            "take_events",
+            _removed_events_lost,
+            "events_rebuild_hash_map (self), events_replay (invariants)",
+            family="events",
+            modes=("self", "invariants"),
+        ),
+        _aimed(
+            "failed_allocation_keeps_blocks",
+            "spec.kv_cache_manager",
+            "allocate_slots",
+            _failed_allocation_keeps_blocks,
+            "failed_allocation_changes_nothing",
+        ),
+        _aimed("free_hashed_to_front", "spec.block_pool", "free_blocks", _free_hashed_to_front, "free_queue_partition"),
+        _aimed(
+            "free_evicts_eagerly", "spec.block_pool", "free_blocks", _free_evicts_eagerly, "free_releases_everything"
+        ),
+        _aimed(
+            "key_without_group",
+            "spec.block_pool",
+            "cache_full_blocks",
+            _key_without_group,
+            "one_group_per_block",
+            family="hybrid_equal",
+        ),
+        _aimed(
+            "adopt_reversed",
+            "spec.managers",
+            "add_local_computed_blocks",
+            _adopt_reversed,
+            "sharing_only_through_prefix",
+        ),
+        _aimed("cached_count_past_table", "spec.managers", "cache_blocks", _cached_count_past_table, "cache_bounds"),
+        _aimed(
+            "store_recycles_duplicate",
+            "spec.managers",
+            "cache_blocks",
+            _store_recycles_duplicate,
+            "cache_blocks_publishes_full_blocks",
+        ),
+    )
+)

@@ -5,7 +5,7 @@ Each mutant is ``harness.targets.vllm.VllmTarget`` whose ``apply`` runs with one
 (monkeypatched on the class for the duration of the call, and restored after it, so an unmutated
 ``vllm`` target in the same process is untouched).  No vLLM code is copied: each wrapper changes
 the arguments, the result, or one collaborator of the original call.  They are the bugs of the spec
-mutants (``harness.mutants.registry``) and of the regression corpus, made in the real manager:
+mutants (``harness.mutants.spec``) and of the regression corpus, made in the real manager:
 
 - ``vllm_free_order_appended``: ``BlockPool.free_blocks`` appends the unhashed blocks too (the
   free queue's ``prepend_n`` is ``append_n``): the LIFO reuse of scratch blocks is lost;
@@ -21,15 +21,12 @@ mutants (``harness.mutants.registry``) and of the regression corpus, made in the
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from harness.core import ops as O
+from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, patched_class
 from harness.targets.vllm import VllmTarget
-
-Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,84 +83,71 @@ def _cache_drafts(orig: Callable[..., Any]) -> Callable[..., Any]:
     return allocate_slots
 
 
-# name -> (module, class, method, wrapper factory, one-line description)
-MUTANTS: dict[str, tuple[str, str, str, Wrapper, str]] = {
-    "vllm_free_order_appended": (
-        "vllm.v1.core.block_pool",
-        "BlockPool",
-        "free_blocks",
-        _free_order_appended,
-        "free_blocks appends unhashed blocks instead of prepending them",
-    ),
-    "vllm_hit_cap_num_tokens": (
-        "vllm.v1.core.kv_cache_manager",
-        "KVCacheManager",
-        "get_computed_blocks",
-        _hit_cap_num_tokens,
-        "prefix hit capped at num_tokens, not num_tokens - 1",
-    ),
-    "vllm_swa_skip_n_minus_w": (
-        "vllm.v1.core.single_type_kv_cache_manager",
-        "SlidingWindowManager",
-        "get_num_skipped_tokens",
-        _swa_skip_n_minus_w,
-        "sliding window skips n - W tokens",
-    ),
-    "vllm_hits_not_touched": (
-        "vllm.v1.core.block_pool",
-        "BlockPool",
-        "touch",
-        _hits_not_touched,
-        "prefix hits adopted without touch",
-    ),
-    "vllm_cache_drafts": (
-        "vllm.v1.core.kv_cache_manager",
-        "KVCacheManager",
-        "allocate_slots",
-        _cache_drafts,
-        "draft tokens hashed and cached as verified tokens",
-    ),
-}
-
-FAMILIES = {
-    "vllm_free_order_appended": "full",
-    "vllm_hit_cap_num_tokens": "full",
-    "vllm_swa_skip_n_minus_w": "sliding_window",
-    "vllm_hits_not_touched": "full",
-    "vllm_cache_drafts": "full",
-}
+def _vllm_mutant(name: str, doc: str, family: str, owner: str, attr: str, wrap: Wrap) -> Mutant:
+    return Mutant(name, "vllm", doc, family, ("exact",), None, Patch(owner, attr, wrap))
 
 
-@contextmanager
-def patched(name: str) -> Iterator[None]:
+MUTANTS: dict[str, Mutant] = by_name(
+    (
+        _vllm_mutant(
+            "vllm_free_order_appended",
+            "free_blocks appends unhashed blocks instead of prepending them",
+            "full",
+            "vllm.v1.core.block_pool:BlockPool",
+            "free_blocks",
+            _free_order_appended,
+        ),
+        _vllm_mutant(
+            "vllm_hit_cap_num_tokens",
+            "prefix hit capped at num_tokens, not num_tokens - 1",
+            "full",
+            "vllm.v1.core.kv_cache_manager:KVCacheManager",
+            "get_computed_blocks",
+            _hit_cap_num_tokens,
+        ),
+        _vllm_mutant(
+            "vllm_swa_skip_n_minus_w",
+            "sliding window skips n - W tokens",
+            "sliding_window",
+            "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager",
+            "get_num_skipped_tokens",
+            _swa_skip_n_minus_w,
+        ),
+        _vllm_mutant(
+            "vllm_hits_not_touched",
+            "prefix hits adopted without touch",
+            "full",
+            "vllm.v1.core.block_pool:BlockPool",
+            "touch",
+            _hits_not_touched,
+        ),
+        _vllm_mutant(
+            "vllm_cache_drafts",
+            "draft tokens hashed and cached as verified tokens",
+            "full",
+            "vllm.v1.core.kv_cache_manager:KVCacheManager",
+            "allocate_slots",
+            _cache_drafts,
+        ),
+    )
+)
+
+
+def patched(name: str) -> AbstractContextManager[None]:
     """vLLM with mutant ``name`` applied (on the class), restored on exit."""
-    module, cls_name, method, wrapper, _ = MUTANTS[name]
-    cls = getattr(importlib.import_module(module), cls_name)
-    original = cls.__dict__[method]
-    setattr(cls, method, wrapper(original))
-    try:
-        yield
-    finally:
-        setattr(cls, method, original)
+    return patched_class(MUTANTS[name].patch)
 
 
-class MutantVllmTarget(VllmTarget):
-    """The real vLLM ``KVCacheManager`` with one deliberate bug, active only inside ``apply``."""
+class MutantVllmTarget(MutatedTarget, VllmTarget):
+    """The real vLLM ``KVCacheManager`` with one deliberate bug, active only inside its calls."""
 
     def __init__(self, mutant: str) -> None:
         if mutant not in MUTANTS:
             raise ValueError(f"unknown vLLM mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
-        super().__init__()
-        self.mutant = mutant
-        self.name = f"mutant:{mutant}"
+        super().__init__(MUTANTS[mutant])
 
-    @property
-    def version(self) -> str:
-        return f"{super().version} with deliberate bug {self.mutant}"
-
-    def apply(self, op: O.Op) -> Any:
-        with patched(self.mutant):
-            return super().apply(op)
+    def active(self) -> AbstractContextManager[None]:
+        return patched(self.mutant)
 
 
 def make_mutant_target(name: str) -> MutantVllmTarget:

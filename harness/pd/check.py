@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.pd.designs import resolve_design
-from harness.pd.invariants import INVARIANTS
+from harness.pd.invariants import PD_INVARIANTS
 from harness.pd.machine import PDFinding, make_pd_machine, run_pd_machine
 from harness.pd.scenarios import SCENARIOS, describe, play
 
@@ -46,9 +46,9 @@ def check_main(args: argparse.Namespace) -> int:
     try:
         designs = [resolve_design(d.strip()) for d in args.design.split(",") if d.strip()]
         names = None if args.invariant is None else [n.strip() for n in args.invariant.split(",")]
-        unknown = [n for n in names or () if n not in INVARIANTS]
+        unknown = [n for n in names or () if n not in PD_INVARIANTS]
         if unknown:
-            raise ValueError(f"unknown invariant(s) {unknown} (known: {', '.join(INVARIANTS)})")
+            raise ValueError(f"unknown invariant(s) {unknown} (known: {', '.join(PD_INVARIANTS)})")
         if args.target not in ("spec", "vllm"):
             raise ValueError(f"unknown target {args.target!r} (spec or vllm)")
         if args.seconds <= 0 or args.batch < 1 or args.steps < 1:

@@ -1,4 +1,4 @@
-"""The safety rules of P/D transfer, each a named predicate in one registry.
+"""The safety rules of P/D transfer, each a named predicate in one registry (``PD_INVARIANTS``).
 
 Checked after every transition (``check_pd_invariants``), in registry order.  Three kinds:
 ``event`` rules judge the data-plane facts of the transition (a transfer landing or reading its
@@ -6,20 +6,22 @@ source, a forward pass reading KV), each against the instance *as it was at that
 rules judge the cluster after it; the ``idle`` rule judges the cluster once ``drain`` has run it to
 rest.  The rules speak about ground truth (the managers' tables and the blocks' contents), not
 about what the protocol believes.  docs/pd-preallocation.md states them; ``designs.BUGS`` holds a
-deliberate bug for each.
+deliberate bug for each.  ``PD_INVARIANTS`` is a ``spec.registry.Registry``, the type of the spec's
+and the ledger's sets: a rule is added with ``@PD_INVARIANTS.register(rule, kind)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from harness.pd import instance as I
 from harness.pd.cluster import is_idle
 from harness.pd.state import ClusterState, Computed, InstanceState, Landed, SourceRead
 from spec import block_pool
 from spec.invariants import check_invariants
+from spec.registry import Registry
 from spec.types import BlockId
 
 Kind = Literal["event", "state", "idle"]
@@ -35,14 +37,6 @@ MANAGER_RULES = (
 
 
 @dataclass(frozen=True, slots=True)
-class PDInvariant:
-    name: str
-    kind: Kind
-    rule: str
-    check: Callable[[ClusterState], str | None]
-
-
-@dataclass(frozen=True, slots=True)
 class PDViolation:
     name: str
     message: str
@@ -51,17 +45,7 @@ class PDViolation:
         return f"{self.name}: {self.message}"
 
 
-INVARIANTS: dict[str, PDInvariant] = {}
-
-
-def pd_invariant(
-    kind: Kind, rule: str
-) -> Callable[[Callable[[ClusterState], str | None]], Callable[[ClusterState], str | None]]:
-    def register(fn: Callable[[ClusterState], str | None]) -> Callable[[ClusterState], str | None]:
-        INVARIANTS[fn.__name__] = PDInvariant(fn.__name__, kind, rule, fn)
-        return fn
-
-    return register
+PD_INVARIANTS: Registry[ClusterState, str] = Registry("P/D invariant", get_args(Kind))
 
 
 def _describe(inst: InstanceState, block: int) -> str:
@@ -71,7 +55,10 @@ def _describe(inst: InstanceState, block: int) -> str:
     return state + (", published" if pool.block_key[block] is not None else "")
 
 
-@pd_invariant("event", "every write lands in a block that the request holds on D at that moment, for that transfer")
+@PD_INVARIANTS.register(
+    "every write lands in a block that the request holds on D at that moment, for that transfer",
+    "event",
+)
 def write_lands_in_held_block(s: ClusterState) -> str | None:
     for ev in s.events:
         if not isinstance(ev, Landed):
@@ -93,7 +80,10 @@ def write_lands_in_held_block(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant("event", "every transfer reads a source block that the request holds on a live P at that moment")
+@PD_INVARIANTS.register(
+    "every transfer reads a source block that the request holds on a live P at that moment",
+    "event",
+)
 def transfer_source_held(s: ClusterState) -> str | None:
     for ev in s.events:
         if not isinstance(ev, SourceRead) or ev.p.epoch != ev.epoch:
@@ -104,9 +94,9 @@ def transfer_source_held(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant(
-    "state",
+@PD_INVARIANTS.register(
     "a published (hashed) block holds every layer of the KV its hash names: nothing is published before it arrived",
+    "state",
 )
 def published_only_after_arrival(s: ClusterState) -> str | None:
     for inst in (s.p.inst,) + tuple(d.inst for d in s.ds):
@@ -121,7 +111,10 @@ def published_only_after_arrival(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant("event", "a forward pass reads only KV that has arrived (every layer, the request's own tokens)")
+@PD_INVARIANTS.register(
+    "a forward pass reads only KV that has arrived (every layer, the request's own tokens)",
+    "event",
+)
 def read_only_after_arrival(s: ClusterState) -> str | None:
     for ev in s.events:
         if not isinstance(ev, Computed):
@@ -140,9 +133,9 @@ def read_only_after_arrival(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant(
-    "state",
+@PD_INVARIANTS.register(
     "blocks held for an aborted, failed, finished or timed-out request are released within Timing.release_bound ticks",
+    "state",
 )
 def released_within_bound(s: ClusterState) -> str | None:
     bound = s.options.timing.release_bound
@@ -162,10 +155,10 @@ def released_within_bound(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant(
-    "state",
+@PD_INVARIANTS.register(
     "on every instance the manager's own rules hold and every "
     "block table belongs to a request the instance still tracks",
+    "state",
 )
 def instance_conservation(s: ClusterState) -> str | None:
     roles = [(s.p.inst, set(s.p.jobs))] + [(d.inst, set(d.jobs)) for d in s.ds]
@@ -178,7 +171,10 @@ def instance_conservation(s: ClusterState) -> str | None:
     return None
 
 
-@pd_invariant("idle", "at rest (no live request, nothing in flight) every instance has all its blocks free")
+@PD_INVARIANTS.register(
+    "at rest (no live request, nothing in flight) every instance has all its blocks free",
+    "idle",
+)
 def no_leak_at_idle(s: ClusterState) -> str | None:
     if not is_idle(s):
         live = sorted(r for r, rec in s.router.records.items() if rec.phase not in ("done", "aborted"))
@@ -199,13 +195,5 @@ def no_leak_at_idle(s: ClusterState) -> str | None:
 def check_pd_invariants(s: ClusterState, names: Sequence[str] | None = None, idle: bool = False) -> list[PDViolation]:
     """The violations of the registered rules (or of ``names``); the ``idle`` rule only when
     ``idle`` (the state is the result of ``drain``)."""
-    out = []
-    for inv in INVARIANTS.values():
-        if names is not None and inv.name not in names:
-            continue
-        if (inv.kind == "idle") != idle:
-            continue
-        msg = inv.check(s)
-        if msg is not None:
-            out.append(PDViolation(inv.name, msg))
-    return out
+    kinds = ("idle",) if idle else ("event", "state")
+    return [PDViolation(inv.name, message) for inv, message in PD_INVARIANTS.check(s, names, kinds)]

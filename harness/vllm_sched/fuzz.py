@@ -172,9 +172,9 @@ def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) ->
     recorded engine steps, the spec in lockstep as in the fuzz; with ``mutant``, under that
     deliberate scheduler bug.  A ``harness.traces.replay.ReplayResult``: not ok when the run ends in a
     finding (the same one as recorded, or another), ok when the finding is gone."""
+    from harness.mutants.vllm_scheduler import patched
     from harness.traces.reduce import finding_signature
     from harness.traces.replay import ReplayResult
-    from harness.vllm_sched.mutants import patched
 
     family, seed, steps, overrides = scheduler_run_of(trace, where)
     with patched(mutant) if mutant else contextlib.nullcontext():
@@ -333,14 +333,14 @@ def _fuzz_scheduler(
 
 def handles(target: str) -> bool:
     """Is ``--target`` this driver's: ``vllm-scheduler``, or ``mutant:NAME`` of a scheduler mutant?"""
-    from harness.vllm_sched.mutants import MUTANTS
+    from harness.mutants.vllm_scheduler import MUTANTS
 
     return target == TARGET_NAME or (target.startswith("mutant:") and target.split(":", 1)[1] in MUTANTS)
 
 
 def fuzz_cli(opts: FuzzOptions) -> int:
     """``kvspec fuzz`` with ``--target vllm-scheduler`` or ``--target mutant:NAME`` (a deliberate
-    scheduler bug of ``harness.vllm_sched.mutants``, active for the whole run); options already
+    scheduler bug of ``harness.mutants.vllm_scheduler``, active for the whole run); options already
     checked by the CLI."""
     unused = [
         opt
@@ -369,8 +369,8 @@ def fuzz_cli(opts: FuzzOptions) -> int:
 
     if opts.target == TARGET_NAME:
         return run()
+    from harness.mutants.vllm_scheduler import patched
     from harness.targets.vllm import VllmUnavailable, _vllm
-    from harness.vllm_sched.mutants import patched
 
     try:
         _vllm()

@@ -11,7 +11,7 @@ naming the witness when it does not.  Two kinds:
 
 ``check_invariants`` and ``check_step`` run every predicate of a kind and return the violations,
 each carrying the predicate's name, so the harness can stop with ``"§9.5 ref_count_equals_references:
-block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``INVARIANTS``, in ``registry``) is
+block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``SPEC_INVARIANTS``, in ``registry``) is
 filled by importing the two predicate modules below, state first: that order is the report order.
 ``docs/invariants.md`` is the registry as a table (``render_invariant_table``).
 """
@@ -24,22 +24,21 @@ from spec.block_pool import thaw
 from spec.events import Event
 from spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
 from spec.invariants.registry import (
-    INVARIANTS,
-    Invariant,
+    SPEC_INVARIANTS,
     InvariantKind,
     StateContext,
     StepContext,
     Violation,
-    invariant,
     run_invariants,
 )
 from spec.invariants.table import render_invariant_table
+from spec.registry import Invariant
 from spec.request import Request
 from spec.state import KVCacheManagerState, with_pool
 from spec.types import RequestId
 
 __all__ = [
-    "INVARIANTS",
+    "SPEC_INVARIANTS",
     "Invariant",
     "InvariantKind",
     "StateContext",
@@ -47,7 +46,6 @@ __all__ = [
     "Violation",
     "check_invariants",
     "check_step",
-    "invariant",
     "render_invariant_table",
 ]
 

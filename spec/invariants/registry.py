@@ -1,21 +1,23 @@
-"""The one registry of invariants, and the contexts its predicates read.
+"""The registry of the manager's invariants (``SPEC_INVARIANTS``), and the contexts its predicates read.
 
-A predicate is registered with ``@invariant(rule, kind)``: ``rule`` names what it checks in
-``docs/semantics.md`` ("§9.n" for the numbered invariants, "P1".."P7" for the operation
-postconditions), ``kind`` says what it reads.  Registration order is the order in which
-``spec.invariants`` reports violations.  The predicates live in ``spec.invariants.state_invariants``
-and ``spec.invariants.step_invariants``; importing ``spec.invariants`` registers both, in that order.
+A predicate is registered with ``@SPEC_INVARIANTS.register(rule, kind)`` (a ``spec.registry``):
+``rule`` names what it checks in ``docs/semantics.md`` ("§9.n" for the numbered invariants,
+"P1".."P7" for the operation postconditions), ``kind`` (``state`` or ``step``) says what it reads.
+Registration order is the order in which ``spec.invariants`` reports violations.  The predicates
+live in ``spec.invariants.state_invariants`` and ``spec.invariants.step_invariants``; importing
+``spec.invariants`` registers both, in that order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from spec.config import KVCacheConfig
 from spec.events import Event
+from spec.registry import Registry
 from spec.request import Request
 from spec.state import KVCacheManagerState
 from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
@@ -89,39 +91,10 @@ class Violation:
         return f"{self.rule} {self.name}: {self.message}"
 
 
-@dataclass(frozen=True)
-class Invariant:
-    name: str
-    rule: str
-    kind: InvariantKind
-    check: Callable[[Any], str | None] = field(repr=False)
-
-    @property
-    def doc(self) -> str:
-        return (self.check.__doc__ or "").strip()
-
-
-INVARIANTS: dict[str, Invariant] = {}
-
-
-def invariant(
-    rule: str, kind: InvariantKind = "state"
-) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
-    def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-        assert fn.__name__ not in INVARIANTS, f"duplicate invariant {fn.__name__}"
-        INVARIANTS[fn.__name__] = Invariant(fn.__name__, rule, kind, fn)
-        return fn
-
-    return register
+SPEC_INVARIANTS: Registry[Any, str] = Registry("spec invariant", get_args(InvariantKind))
+"""Every invariant of the manager; a state predicate reads a ``StateContext``, a step one a ``StepContext``."""
 
 
 def run_invariants(ctx: Any, kind: InvariantKind, names: Sequence[str] | None = None) -> list[Violation]:
     """Run every registered predicate of ``kind`` (or the named ones), in registration order."""
-    out = []
-    for inv in INVARIANTS.values():
-        if inv.kind != kind or (names is not None and inv.name not in names):
-            continue
-        message = inv.check(ctx)
-        if message is not None:
-            out.append(Violation(inv.name, inv.rule, message))
-    return out
+    return [Violation(inv.name, inv.rule, message) for inv, message in SPEC_INVARIANTS.check(ctx, names, (kind,))]

@@ -12,14 +12,14 @@ from typing import Any
 from spec.config import KVCacheConfig, Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
 from spec.hashing import extend_block_hashes
-from spec.invariants.registry import StateContext, invariant
+from spec.invariants.registry import SPEC_INVARIANTS, StateContext
 from spec.request import PROCESS_HASH_SEED, Request
 from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, BlockKey, GroupId, get_group_id, make_block_key
 
 # --- pool and free queue ---------------------------------------------------------------------------
 
 
-@invariant("§9.1")
+@SPEC_INVARIANTS.register("§9.1", "state")
 def null_block_is_inert(c: StateContext) -> str | None:
     """The null block (id 0) is never free, never hashed, never stored in the map, and its ref
     count is not maintained (the spec keeps it at 0)."""
@@ -36,7 +36,7 @@ def null_block_is_inert(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.2")
+@SPEC_INVARIANTS.register("§9.2", "state")
 def free_queue_well_formed(c: StateContext) -> str | None:
     """The free queue holds distinct real block ids, each in ``[1, num_blocks)``."""
     queue = c.state.pool.free_queue
@@ -47,7 +47,7 @@ def free_queue_well_formed(c: StateContext) -> str | None:
     return f"free queue holds invalid id(s) {bad}" if bad else None
 
 
-@invariant("§9.3")
+@SPEC_INVARIANTS.register("§9.3", "state")
 def free_iff_unreferenced(c: StateContext) -> str | None:
     """For every real block: in the free queue exactly when ``ref_cnt == 0``; never negative."""
     ref = c.state.pool.ref_cnt
@@ -64,7 +64,7 @@ def free_iff_unreferenced(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.4")
+@SPEC_INVARIANTS.register("§9.4", "state")
 def conservation(c: StateContext) -> str | None:
     """``free + |{b real : ref_cnt(b) > 0}| == num_blocks - 1``: no block is lost or counted twice."""
     pool = c.state.pool
@@ -74,7 +74,7 @@ def conservation(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.5")
+@SPEC_INVARIANTS.register("§9.5", "state")
 def ref_count_equals_references(c: StateContext) -> str | None:
     """A real block's ref count is the number of table slots, over all groups and requests, that
     hold it: a reference taken is a reference held."""
@@ -89,7 +89,7 @@ def ref_count_equals_references(c: StateContext) -> str | None:
     return f"block {bad} has ref_cnt {c.state.pool.ref_cnt[bad]} but {expected[bad]} table reference(s) {refs}"
 
 
-@invariant("§9.6")
+@SPEC_INVARIANTS.register("§9.6", "state")
 def one_group_per_block(c: StateContext) -> str | None:
     """Every reference to a block comes from one group's tables, and a hashed block's key names
     that group."""
@@ -103,7 +103,7 @@ def one_group_per_block(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.7")
+@SPEC_INVARIANTS.register("§9.7", "state")
 def no_duplicate_in_table(c: StateContext) -> str | None:
     """Within one table a real block appears at most once."""
     for gid, group in enumerate(c.state.groups):
@@ -115,7 +115,7 @@ def no_duplicate_in_table(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.8")
+@SPEC_INVARIANTS.register("§9.8", "state")
 def sharing_only_through_prefix(c: StateContext) -> str | None:
     """A block held by two requests sits at the same index in both, is hashed (unless
     ``evict_blocks`` ran), and both requests have the same hash there: sharing only comes from a
@@ -143,7 +143,7 @@ def sharing_only_through_prefix(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.9")
+@SPEC_INVARIANTS.register("§9.9", "state")
 def hash_map_matches_blocks(c: StateContext) -> str | None:
     """Every block stored under a key carries that key, every hashed block is stored under its
     key, keys map to at least one block and never list a block twice (several blocks per key are
@@ -170,7 +170,7 @@ def hash_map_matches_blocks(c: StateContext) -> str | None:
     return "the map and the blocks' keys disagree"
 
 
-@invariant("§9.10")
+@SPEC_INVARIANTS.register("§9.10", "state")
 def hashed_means_full_and_correct(c: StateContext) -> str | None:
     """A table slot below the cached count holds a block whose key is exactly the request's hash
     at that index ++ group id (or a null, or a block the hybrid reachability mask left unhashed, or
@@ -239,7 +239,7 @@ def _masked(config: KVCacheConfig, gid: int, index: int) -> bool:
     return need < per_segment and index % per_segment < per_segment - need
 
 
-@invariant("§9.11")
+@SPEC_INVARIANTS.register("§9.11", "state")
 def cache_bounds(c: StateContext) -> str | None:
     """``num_cached_block`` never exceeds the table or the verified tokens (so drafts and lookahead
     slots are never cached), and every real block it covers lies within the request's hashes.
@@ -269,7 +269,7 @@ def cache_bounds(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.12")
+@SPEC_INVARIANTS.register("§9.12", "state")
 def hash_chain(c: StateContext) -> str | None:
     """Each request's hashes are exactly its full blocks' chained hashes (none when caching is off):
     ``len == num_tokens // hash_block_size``, each recomputed from its parent, tokens and extra keys."""
@@ -299,7 +299,7 @@ def _recompute_hashes(req: Request) -> tuple[BlockHash, ...]:
     return hashes
 
 
-@invariant("§9.13")
+@SPEC_INVARIANTS.register("§9.13", "state")
 def table_length_bounded(c: StateContext) -> str | None:
     """No table is longer than ``cdiv(max_model_len, bs)`` blocks (cross-attention: the encoder
     input, which the spec does not bound)."""
@@ -314,7 +314,7 @@ def table_length_bounded(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.14")
+@SPEC_INVARIANTS.register("§9.14", "state")
 def null_pattern(c: StateContext) -> str | None:
     """Full-attention tables hold no nulls; sliding-window and chunked-local tables are a run of
     nulls followed by real blocks (positions are only ever nulled from the front)."""
@@ -334,7 +334,7 @@ def null_pattern(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.15")
+@SPEC_INVARIANTS.register("§9.15", "state")
 def dict_membership(c: StateContext) -> str | None:
     """Every request with a cached count has a table, and every table belongs to a live request."""
     for gid, group in enumerate(c.state.groups):
@@ -347,7 +347,7 @@ def dict_membership(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.16")
+@SPEC_INVARIANTS.register("§9.16", "state")
 def free_queue_partition(c: StateContext) -> str | None:
     """vLLM 0.33 order: unhashed free blocks are prepended and hashed ones appended, and a queued
     block's hash never changes, so (unless ``evict_blocks`` ran) every unhashed block in the queue
@@ -364,7 +364,7 @@ def free_queue_partition(c: StateContext) -> str | None:
     return None
 
 
-@invariant("§9.20")
+@SPEC_INVARIANTS.register("§9.20", "state")
 def events_rebuild_hash_map(c: StateContext) -> str | None:
     """With events on, replaying every event (taken and pending) rebuilds the hash map: each key
     is stored as many times as blocks hold it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from spec.config import Profile
-from spec.invariants.registry import StepContext, invariant
+from spec.invariants.registry import SPEC_INVARIANTS, StepContext
 from spec.linked_queue import queue_push
 from spec.persistent import vec_changed, vec_set
 from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
@@ -17,7 +17,7 @@ from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 # --- operation postconditions ----------------------------------------------------------------------
 
 
-@invariant("P1", "step")
+@SPEC_INVARIANTS.register("P1", "step")
 def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
     """``get_computed_blocks`` changes nothing; its hit is a multiple of the hit alignment (the
     LCM for a hybrid), below ``num_tokens``, and every group's list covers it."""
@@ -40,7 +40,7 @@ def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P1", "step")
+@SPEC_INVARIANTS.register("P1", "step")
 def full_attention_hit_is_maximal(s: StepContext) -> str | None:
     """One full-attention group: hit block i is the oldest block under the request's hash i, and
     the hit stops only at a miss or at the cap (alignment = block size)."""
@@ -64,7 +64,7 @@ def full_attention_hit_is_maximal(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P2", "step")
+@SPEC_INVARIANTS.register("P2", "step")
 def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     """``allocate_slots`` -> None: no ref count grows, the free count does not drop, tables change
     only by nulling out-of-window blocks, and nothing new is hashed."""
@@ -95,7 +95,7 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P3 §9.18", "step")
+@SPEC_INVARIANTS.register("P3 §9.18", "step")
 def successful_allocation_is_exact(s: StepContext) -> str | None:
     """``allocate_slots`` -> blocks (and §9.13, §9.18): each attention table ends exactly ``max(previous length,
     cdiv(need_slot, bs))`` long, where ``need_slot = min(computed + new_computed + external + new
@@ -145,7 +145,7 @@ def successful_allocation_is_exact(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P6", "step")
+@SPEC_INVARIANTS.register("P6", "step")
 def hits_are_adopted(s: StepContext) -> str | None:
     """A successful first admission with prefix hits adopts each hit at its own index, touched
     (``ref_cnt >= 1``), unless the window had already passed it (then the slot is null and the
@@ -168,7 +168,7 @@ def hits_are_adopted(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P4", "step")
+@SPEC_INVARIANTS.register("P4", "step")
 def free_releases_everything(s: StepContext) -> str | None:
     """``free(r)``: each distinct block of r loses exactly one reference, blocks reaching 0 join
     the queue, hashes are kept, and r is gone from every group."""
@@ -195,7 +195,7 @@ def free_releases_everything(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P4 §9.17", "step")
+@SPEC_INVARIANTS.register("P4 §9.17", "step")
 def free_order(s: StepContext) -> str | None:
     """``free(r)`` (and §9.17, LRU order) queues, group by group and tail first, the blocks reaching 0: in vLLM 0.33 the
     unhashed ones go to the front (the last group's first) and the hashed ones to the tail; in
@@ -228,7 +228,7 @@ def free_order(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P5", "step")
+@SPEC_INVARIANTS.register("P5", "step")
 def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     """``cache_blocks``: no ref count or queue change; cached counts only grow; blocks only gain
     hashes, never lose them (a partial entry is replaced by the block's full key)."""
@@ -253,7 +253,7 @@ def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     return None
 
 
-@invariant("§9.11", "step")
+@SPEC_INVARIANTS.register("§9.11", "step")
 def cached_count_never_decreases(s: StepContext) -> str | None:
     """While a request holds its table, its ``num_cached_block`` never decreases and its table
     never shrinks (§9.13); only ``free`` forgets both."""
@@ -271,7 +271,7 @@ def cached_count_never_decreases(s: StepContext) -> str | None:
     return None
 
 
-@invariant("§9.14", "step")
+@SPEC_INVARIANTS.register("§9.14", "step")
 def window_blocks_released(s: StepContext) -> str | None:
     """After ``remove_skipped_blocks(p)`` (or ``allocate_slots``, which runs it first), no real
     block lies wholly before the attention span of the next query: for sliding window W the first
@@ -314,7 +314,7 @@ def window_blocks_released(s: StepContext) -> str | None:
     return None
 
 
-@invariant("P7", "step")
+@SPEC_INVARIANTS.register("P7", "step")
 def evict_only_touches_hashes(s: StepContext) -> str | None:
     """``evict_blocks`` (P7): only hashes and map entries change; the named blocks end unhashed."""
     if s.op != "evict_blocks":
@@ -328,7 +328,7 @@ def evict_only_touches_hashes(s: StepContext) -> str | None:
     return None
 
 
-@invariant("§9.19", "step")
+@SPEC_INVARIANTS.register("§9.19", "step")
 def reset_only_when_all_free(s: StepContext) -> str | None:
     """``reset_prefix_cache`` succeeds iff every usable block is free; success clears every hash
     and keeps the queue order; failure changes nothing."""

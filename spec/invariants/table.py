@@ -7,8 +7,10 @@ file and the registry disagree.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from spec.invariants.registry import INVARIANTS, Invariant
+from spec.invariants.registry import SPEC_INVARIANTS
+from spec.registry import Invariant
 
 INVARIANT_TABLE_PATH = "docs/invariants.md"
 """Where the table lives, relative to the repository root."""
@@ -36,12 +38,12 @@ def get_rule_anchor(citation: str) -> str:
     return citation.lower()
 
 
-def get_rule_citations(inv: Invariant) -> list[str]:
+def get_rule_citations(inv: Invariant[Any, str]) -> list[str]:
     """The rules one invariant cites (``"P3 §9.18"`` cites two)."""
     return inv.rule.split()
 
 
-def get_summary(inv: Invariant) -> str:
+def get_summary(inv: Invariant[Any, str]) -> str:
     """The first sentence of the predicate's docstring, on one line."""
     text = " ".join(inv.doc.split())
     match = re.match(r"(.+?[.])\s+(?=[A-Z`(])", text)
@@ -53,9 +55,9 @@ def _cell(text: str) -> str:
 
 
 def render_invariant_table() -> str:
-    """The contents of ``docs/invariants.md``, generated from ``INVARIANTS``."""
+    """The contents of ``docs/invariants.md``, generated from ``SPEC_INVARIANTS``."""
     rows = []
-    for n, inv in enumerate(INVARIANTS.values(), start=1):
+    for n, inv in enumerate(SPEC_INVARIANTS.values(), start=1):
         rules = ", ".join(f"[{c}](semantics.md#{get_rule_anchor(c)})" for c in get_rule_citations(inv))
         rows.append(f"| {n} | `{inv.name}` | {inv.kind} | {rules} | {_cell(get_summary(inv))} |\n")
     return _HEADER + "".join(rows)

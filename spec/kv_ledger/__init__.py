@@ -14,11 +14,9 @@ from spec.kv_ledger.invariants import (
     LEDGER_INVARIANTS,
     AccessKind,
     LedgerContext,
-    LedgerInvariant,
     LedgerViolation,
     SlotAccess,
     check_ledger,
-    ledger_invariant,
 )
 from spec.kv_ledger.ledger import (
     KVLedger,
@@ -40,7 +38,6 @@ __all__ = [
     "KVIdentity",
     "KVLedger",
     "LedgerContext",
-    "LedgerInvariant",
     "LedgerViolation",
     "SequenceIdentities",
     "SlotAccess",
@@ -54,6 +51,5 @@ __all__ = [
     "get_run_span",
     "get_written_blocks",
     "iter_slots",
-    "ledger_invariant",
     "write_slot",
 ]

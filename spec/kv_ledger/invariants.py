@@ -1,20 +1,22 @@
 """The ledger's invariants: named predicates over the slots a step writes, reads or publishes.
 
-One registry per concern: ``spec.invariants`` holds the manager's own rules (states and
-operations), this one holds what the allocation is for (docs/semantics.md §11).  A predicate is
-registered with ``@ledger_invariant(rule, kind)`` and reads a ``LedgerContext``: the slot accesses
-of one kind that one step makes, each resolved through the request's table and the ledger.  It
-returns the first access that breaks it (the witness), or None.  ``check_ledger`` runs every
+One registry per concern, all of one type (``spec.registry``): ``spec.invariants`` holds the
+manager's own rules (states and operations), ``LEDGER_INVARIANTS`` what the allocation is for
+(docs/semantics.md §11).  A predicate is registered with ``@LEDGER_INVARIANTS.register(rule, kind)``
+and reads a ``LedgerContext``: the slot accesses of one kind that one step makes, each resolved
+through the request's table and the ledger.  It returns the first access that breaks it (the
+witness), or None.  ``check_ledger`` runs every
 predicate of the context's kind, in registration order, and returns the first violation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 from spec.kv_ledger.identity import KVIdentity
+from spec.registry import Registry
 from spec.types import NULL_BLOCK_ID
 
 AccessKind = Literal["write", "read", "publish"]
@@ -49,18 +51,6 @@ class LedgerContext:
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerInvariant:
-    name: str
-    rule: str
-    kind: AccessKind
-    check: Callable[[LedgerContext], SlotAccess | None] = field(repr=False)
-
-    @property
-    def doc(self) -> str:
-        return (self.check.__doc__ or "").strip()
-
-
-@dataclass(frozen=True, slots=True)
 class LedgerViolation:
     name: str
     rule: str
@@ -71,29 +61,13 @@ class LedgerViolation:
         return f"{self.rule} {self.name}: {a.request_id} group {a.group} position {a.position} (block {a.block})"
 
 
-LEDGER_INVARIANTS: dict[str, LedgerInvariant] = {}
-
-
-def ledger_invariant(
-    rule: str, kind: AccessKind
-) -> Callable[[Callable[[LedgerContext], SlotAccess | None]], Callable[[LedgerContext], SlotAccess | None]]:
-    def register(fn: Callable[[LedgerContext], SlotAccess | None]) -> Callable[[LedgerContext], SlotAccess | None]:
-        assert fn.__name__ not in LEDGER_INVARIANTS, f"duplicate ledger invariant {fn.__name__}"
-        LEDGER_INVARIANTS[fn.__name__] = LedgerInvariant(fn.__name__, rule, kind, fn)
-        return fn
-
-    return register
+LEDGER_INVARIANTS: Registry[LedgerContext, SlotAccess] = Registry("ledger invariant", get_args(AccessKind))
 
 
 def check_ledger(ctx: LedgerContext, names: Sequence[str] | None = None) -> LedgerViolation | None:
     """The first violation among the predicates of ``ctx.kind`` (or the named ones), or None."""
-    for inv in LEDGER_INVARIANTS.values():
-        if inv.kind != ctx.kind or (names is not None and inv.name not in names):
-            continue
-        witness = inv.check(ctx)
-        if witness is not None:
-            return LedgerViolation(inv.name, inv.rule, witness)
-    return None
+    found = LEDGER_INVARIANTS.check(ctx, names, (ctx.kind,))
+    return next((LedgerViolation(inv.name, inv.rule, access) for inv, access in found), None)
 
 
 def is_real_slot(access: SlotAccess, num_blocks: int) -> bool:
@@ -104,14 +78,14 @@ def is_real_slot(access: SlotAccess, num_blocks: int) -> bool:
 # --- writes ----------------------------------------------------------------------------------------
 
 
-@ledger_invariant("§11.2", "write")
+@LEDGER_INVARIANTS.register("§11.2", "write")
 def kv_write_in_real_block(ctx: LedgerContext) -> SlotAccess | None:
     """Every position the model computes lands in a real block of the request's table: not the
     null block (which every request shares), not past the table, not an id outside the pool."""
     return next((a for a in ctx.accesses if not is_real_slot(a, ctx.num_blocks)), None)
 
 
-@ledger_invariant("§11.4", "write")
+@LEDGER_INVARIANTS.register("§11.4", "write")
 def kv_write_keeps_shared(ctx: LedgerContext) -> SlotAccess | None:
     """A write into a block another live request may read (``ref_cnt > 1``) or that is published
     (hashed) never changes a written slot's identity; rewriting the same identity (the last
@@ -122,21 +96,21 @@ def kv_write_keeps_shared(ctx: LedgerContext) -> SlotAccess | None:
 # --- reads ------------------------------------------------------------------------------------------
 
 
-@ledger_invariant("§11.3", "read")
+@LEDGER_INVARIANTS.register("§11.3", "read")
 def kv_read_in_real_block(ctx: LedgerContext) -> SlotAccess | None:
     """Every position in a computed token's attention span lies in a real block of its table:
     not the null block (dropped while still in the window), not past the table."""
     return next((a for a in ctx.accesses if not is_real_slot(a, ctx.num_blocks)), None)
 
 
-@ledger_invariant("§11.3", "read")
+@LEDGER_INVARIANTS.register("§11.3", "read")
 def kv_read_written(ctx: LedgerContext) -> SlotAccess | None:
     """Every slot a token reads was written since its block was last handed out fresh or released
     without a key."""
     return next((a for a in ctx.accesses if a.held is None), None)
 
 
-@ledger_invariant("§11.3", "read")
+@LEDGER_INVARIANTS.register("§11.3", "read")
 def kv_read_own_kv(ctx: LedgerContext) -> SlotAccess | None:
     """Every slot a token reads holds the identity of the reader's own prefix at that position
     (its tokens, LoRA, multimodal items, embeddings), as of the end of the step's writes."""
@@ -146,7 +120,7 @@ def kv_read_own_kv(ctx: LedgerContext) -> SlotAccess | None:
 # --- publications -------------------------------------------------------------------------------------
 
 
-@ledger_invariant("§11.5", "publish")
+@LEDGER_INVARIANTS.register("§11.5", "publish")
 def kv_publish_written(ctx: LedgerContext) -> SlotAccess | None:
     """A published (hashed) block holds, by the end of the step that published it, the identities
     its hash stands for in every slot the key covers."""

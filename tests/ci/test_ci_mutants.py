@@ -151,7 +151,7 @@ def test_a_scheduler_mutant_is_a_campaign_row_with_a_reduced_report(tmp_path):
     pytest.importorskip("vllm")
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from harness.vllm_sched.mutants import MUTANTS
+    from harness.mutants.vllm_scheduler import MUTANTS
 
     entries = [e for e in builtin_entries(with_vllm=True) if e.origin == "scheduler"]
     assert sorted(e.name for e in entries) == sorted(MUTANTS)

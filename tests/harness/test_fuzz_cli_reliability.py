@@ -31,7 +31,7 @@ import harness.run.workers
 import harness.traces.reduce
 import harness.traces.report
 from harness.cli import main
-from harness.mutants.registry import make_mutant
+from harness.mutants.spec import make_mutant
 from harness.traces.replay import replay
 from harness.traces.trace import read_trace
 

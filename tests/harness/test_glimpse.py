@@ -15,7 +15,7 @@ from harness.check.lockstep import Lockstep
 from harness.check.machine import RunStats, make_machine, run_machine
 from harness.core import ops as O
 from harness.core.glimpse import ENV, full_check_every, parse_full_check_every
-from harness.mutants.registry import MUTANT_FAMILIES, MUTANTS, make_mutant
+from harness.mutants.spec import MUTANTS, make_mutant
 from harness.run.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
@@ -154,7 +154,7 @@ def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
     monkeypatch.setenv(ENV, "4")
     monkeypatch.setattr(block_pool, "SMALL_POOL", 0)
     stats = RunStats()
-    cls = make_machine(MUTANT_FAMILIES[name], lambda: make_mutant(name), f"mutant:{name}", "exact", stats)
+    cls = make_machine(MUTANTS[name].family, lambda: make_mutant(name), f"mutant:{name}", "exact", stats)
     with pytest.raises(AssertionError):  # FindingError is an AssertionError
         run_machine(cls, profile_settings("ci", database=None), seed=11, shrink_seconds=5)
     assert stats.finding is not None, f"mutant {name} was not reported with glimpses on"

@@ -24,13 +24,13 @@ from harness.check.machine import RunStats, make_machine, run_machine
 from harness.core import ops as O
 from harness.core.ops_json import op_from_json, op_to_json
 from harness.core.strict_json import TraceFormatError
-from harness.mutants.registry import _patched
+from harness.mutants.record import Patch
+from harness.mutants.spec import patched_modules
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.traces.trace import Trace, dumps_trace, trace_from_json
 from harness.world.families import FAMILIES, configs, workload_features
 from harness.world.workload import embed_row, run_seeded
-from spec import kv_cache_manager, slot_allocation
 from spec import request as rq
 from spec.config import AttentionSpec, KVCacheConfig, Profile, cross_attention, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
@@ -209,29 +209,30 @@ def test_trace_of_each_new_family_round_trips(family: str) -> None:
 
 
 class _Buggy(SpecTarget):
-    """The spec target with one patched spec function (as harness.mutants.registry does) or hook."""
+    """The spec target with one patched spec function (as harness.mutants.spec does) or hook."""
 
-    patch: tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None
+    patch: Patch | None = None
 
     def apply(self, op: O.Op) -> Any:
         if self.patch is None:
             return super().apply(op)
-        module, name, wrapper = self.patch
-        with _patched(module, name, wrapper):
+        with patched_modules(self.patch):
             return super().apply(op)
 
 
 class _IgnoresInFlight(_Buggy):
     """Frees window blocks on the optimistic count, as if no step were in flight."""
 
-    patch = (slot_allocation, "get_num_processed_tokens", lambda orig: lambda request, t: t.total_computed_tokens)
+    patch = Patch(
+        "spec.slot_allocation", "get_num_processed_tokens", lambda orig: lambda request, t: t.total_computed_tokens
+    )
 
 
 class _IgnoresEncoderTokens(_Buggy):
     """Never allocates cross-attention blocks."""
 
-    patch = (
-        kv_cache_manager,
+    patch = Patch(
+        "spec.kv_cache_manager",
         "allocate_slots",
         lambda orig: lambda *a, **kw: orig(*a, **{**kw, "num_encoder_tokens": 0}),
     )
@@ -240,8 +241,8 @@ class _IgnoresEncoderTokens(_Buggy):
 class _V033FreeOrder(_Buggy):
     """Follows the 0.33 free order whatever the profile."""
 
-    patch = (
-        __import__("spec.block_pool", fromlist=["free_blocks"]),
+    patch = Patch(
+        "spec.block_pool",
         "free_blocks",
         lambda orig: (
             lambda pool, blocks: dataclasses.replace(

@@ -6,7 +6,7 @@ import pytest
 
 from harness.check.lockstep import Finding
 from harness.core import ops as O
-from harness.mutants.registry import make_mutant
+from harness.mutants.spec import make_mutant
 from harness.targets.spec import SpecTarget
 from harness.traces.reduce import reduce_trace, run_ops, same_finding
 from harness.traces.trace import read_trace

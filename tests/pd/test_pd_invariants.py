@@ -4,7 +4,7 @@ design unbroken (harness/pd/scenarios.py); every rule in the registry is covered
 import pytest
 
 from harness.pd.designs import BUGS, resolve_design
-from harness.pd.invariants import INVARIANTS
+from harness.pd.invariants import PD_INVARIANTS
 from harness.pd.scenarios import SCENARIOS, play
 
 
@@ -18,7 +18,7 @@ def test_bug_breaks_its_rule_and_the_safe_design_does_not(name):
 
 
 def test_every_rule_has_a_deliberate_bug():
-    assert {b.invariant for b in BUGS.values()} == set(INVARIANTS)
+    assert {b.invariant for b in BUGS.values()} == set(PD_INVARIANTS)
     assert {f"bug:{b}" for b in BUGS} <= set(SCENARIOS)
 
 

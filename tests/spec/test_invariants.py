@@ -8,7 +8,7 @@ from spec_helpers import admit, config
 from spec import kv_cache_manager as m
 from spec.config import Profile, full_attention, sliding_window
 from spec.events import BlockStored
-from spec.invariants import INVARIANTS, StepContext, check_invariants, check_step
+from spec.invariants import SPEC_INVARIANTS, StepContext, check_invariants, check_step
 from spec.request import append_output_token_ids, make_request
 from spec.state import GroupState, KVCacheManagerState
 from spec.types import BlockHash, BlockId, GroupId
@@ -62,8 +62,8 @@ def test_all_state_invariants_hold_on_real_states():
 
 
 def test_registry_cites_rules_and_documents_each_predicate():
-    assert len(INVARIANTS) >= 25
-    for inv in INVARIANTS.values():
+    assert len(SPEC_INVARIANTS) >= 25
+    for inv in SPEC_INVARIANTS.values():
         assert inv.rule.startswith(("§9.", "P")) and inv.doc, inv.name
 
 
@@ -121,7 +121,7 @@ def _break(kind):
     raise AssertionError(kind)
 
 
-STATE_INVARIANTS = [name for name, inv in INVARIANTS.items() if inv.kind == "state"]
+STATE_INVARIANTS = [name for name, inv in SPEC_INVARIANTS.items() if inv.kind == "state"]
 
 
 @pytest.mark.parametrize("name", STATE_INVARIANTS)
@@ -207,7 +207,7 @@ STEP_CASES = dict(_tampered_steps())
 
 
 def test_every_step_invariant_has_a_teeth_case():
-    assert set(STEP_CASES) == {n for n, inv in INVARIANTS.items() if inv.kind == "step"}
+    assert set(STEP_CASES) == {n for n, inv in SPEC_INVARIANTS.items() if inv.kind == "step"}
 
 
 @pytest.mark.parametrize("name", sorted(STEP_CASES))

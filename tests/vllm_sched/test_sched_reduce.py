@@ -52,9 +52,9 @@ def test_overrides_round_trip() -> None:
 @pytest.mark.vllm
 def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
+    from harness.mutants.vllm_scheduler import patched
     from harness.traces.trace import trace_from_json
     from harness.vllm_sched.fuzz import first_finding, replay_scheduler_run, write_finding
-    from harness.vllm_sched.mutants import patched
 
     name = "freed_kept_running"
     with patched(name):
@@ -75,9 +75,9 @@ def test_replay_refuses_doctored_overrides(tmp_path: Path, capsys: pytest.Captur
     """A report's overrides are data: a bad entry is exit 2 naming the field, before any run."""
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
     from harness.cli import main
+    from harness.mutants.vllm_scheduler import patched
     from harness.traces.report import write_report
     from harness.vllm_sched.fuzz import finding_trace, one_run, run_seed
-    from harness.vllm_sched.mutants import patched
 
     with patched("hit_off_by_one"):
         res = one_run("full", run_seed(0, 0), max_engine_steps=150)

@@ -110,8 +110,8 @@ def test_hypothesis_drives_the_real_scheduler() -> None:
     from hypothesis import strategies as st
 
     from harness.check.machine import DrawChoices
+    from harness.mutants.vllm_scheduler import patched
     from harness.vllm_sched.driver import draw_config, draw_knobs, run_one
-    from harness.vllm_sched.mutants import patched
 
     def prop() -> Any:
         def run(data: st.DataObject) -> None:

@@ -1,4 +1,4 @@
-"""Every deliberate scheduler bug (harness/vllm_sched/mutants.py) is caught by the proxy lockstep
+"""Every deliberate scheduler bug (harness/mutants/vllm_scheduler.py) is caught by the proxy lockstep
 within a few seeded runs of its family, and the correct scheduler passes the same seeds; a manager
 bug driven by the real scheduler is caught too; a finding's report replays on spec and vllm."""
 
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
+from harness.mutants.vllm_scheduler import MUTANTS, patched  # noqa: E402
 from harness.vllm_sched.fuzz import finding_trace, one_run, run_seed  # noqa: E402
-from harness.vllm_sched.mutants import MUTANTS, patched  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

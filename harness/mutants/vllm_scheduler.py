@@ -1,5 +1,8 @@
 """Deliberate scheduler-side bugs: runtime patches of vLLM 0.33.0's real ``Scheduler`` class.
 
+``--target mutant:NAME`` of these runs through ``harness.vllm_sched`` (the real scheduler driving
+its manager, the spec mirrored behind it), not through a target factory.
+
 Each mutant is a small, realistic mistake in the scheduler (not in the manager), applied by
 ``patched(name)`` for the duration of a ``with`` block and removed afterwards.  The proxy lockstep
 (``harness.vllm_sched.proxy``: the spec beside the real manager, its invariants, the KV ledger) must
@@ -11,19 +14,13 @@ mirror of the calls by construction; these mutants all change what the scheduler
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
+from harness.mutants.record import Mutant, Patch, Wrap, by_name, patched_class
 
-@dataclass(frozen=True)
-class SchedMutant:
-    name: str
-    family: str  # the driver family whose runs exercise it
-    doc: str
-    attr: str  # the Scheduler method replaced
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 
 
 def _preempted_not_freed(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,45 +89,49 @@ def _hit_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _get_local_prefix_cache_hit
 
 
-MUTANTS: dict[str, SchedMutant] = {
-    m.name: m
-    for m in (
-        SchedMutant(
+def _scheduler_mutant(name: str, family: str, doc: str, attr: str, wrap: Wrap) -> Mutant:
+    """A mutant of ``Scheduler.attr``; ``family`` is a driver family (``harness.vllm_sched.driver``)."""
+    return Mutant(name, "vllm-scheduler", doc, family, ("exact",), None, Patch(SCHEDULER, attr, wrap))
+
+
+MUTANTS: dict[str, Mutant] = by_name(
+    (
+        _scheduler_mutant(
             "preempted_not_freed",
             "full",
             "a preempted request keeps its blocks (its table is reused on resumption)",
             "_free_request_blocks",
             _preempted_not_freed,
         ),
-        SchedMutant(
+        _scheduler_mutant(
             "computed_kept_on_preempt",
             "full",
             "preemption frees the blocks but keeps num_computed_tokens",
             "_preempt_request",
             _computed_kept_on_preempt,
         ),
-        SchedMutant(
+        _scheduler_mutant(
             "wrong_request_freed",
             "full",
             "preemption frees the head of the running queue instead of the victim",
             "_free_request_blocks",
             _wrong_request_freed,
         ),
-        SchedMutant(
+        _scheduler_mutant(
             "rejected_drafts_counted",
             "spec_decode",
             "rejected draft tokens stay counted as computed",
             "update_from_output",
             _rejected_drafts_counted,
         ),
-        SchedMutant(
+        _scheduler_mutant(
             "freed_kept_running",
             "full",
             "a finished request is freed but kept in the running queue",
             "update_from_output",
             _freed_kept_running,
         ),
-        SchedMutant(
+        _scheduler_mutant(
             "hit_off_by_one",
             "full",
             "the scheduler counts one token past the prefix-cache hit as computed",
@@ -138,21 +139,13 @@ MUTANTS: dict[str, SchedMutant] = {
             _hit_off_by_one,
         ),
     )
-}
+)
 
 
-@contextmanager
-def patched(name: str) -> Iterator[SchedMutant]:
+def patched(name: str) -> AbstractContextManager[None]:
     """vLLM's ``Scheduler`` with mutant ``name`` inside the block (schedulers built inside it)."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-
     try:
         m = MUTANTS[name]
     except KeyError:
         raise ValueError(f"unknown scheduler mutant {name!r} (known: {', '.join(sorted(MUTANTS))})") from None
-    orig = Scheduler.__dict__[m.attr]
-    setattr(Scheduler, m.attr, m.wrap(orig))
-    try:
-        yield m
-    finally:
-        setattr(Scheduler, m.attr, orig)
+    return patched_class(m.patch)

@@ -1,0 +1,119 @@
+"""Every catalogue of deliberate bugs holds ``Mutant`` records that the campaign, ``--target mutant:NAME``
+and the tests can rely on (harness/mutants/record.py)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+
+from harness.campaign import builtin_entries
+from harness.core.equality import RELATIONS
+from harness.mutants import impl, invariants, spec, vllm, vllm_scheduler
+from harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
+from harness.mutants.registry import all_mutants, find_mutant, resolve_target
+from harness.targets import TargetLoadError
+from harness.vllm_sched.driver import SCHED_FAMILIES
+from harness.world.families import FAMILIES
+from spec.invariants import SPEC_INVARIANTS
+from spec.kv_ledger import LEDGER_INVARIANTS
+
+CATALOGUES = {
+    "spec": (spec.MUTANTS, "spec"),
+    "invariants": (invariants.MUTANTS, "spec"),
+    "impl": (impl.MUTANTS, "impl"),
+    "vllm": (vllm.MUTANTS, "vllm"),
+    "vllm_scheduler": (vllm_scheduler.MUTANTS, "vllm-scheduler"),
+}
+
+
+@pytest.mark.parametrize("catalogue", sorted(CATALOGUES))
+def test_every_entry_is_a_mutant_record_of_its_catalogues_target(catalogue: str) -> None:
+    mutants, target = CATALOGUES[catalogue]
+    assert mutants
+    for name, m in mutants.items():
+        assert isinstance(m, Mutant) and m.name == name and m.target == target
+        assert m.doc and "\n" not in m.doc, name
+        assert isinstance(m.patch, Patch) and m.patch.attr, name
+
+
+def test_all_mutants_is_every_catalogue_once_with_unique_names() -> None:
+    every = [m for mutants, _ in CATALOGUES.values() for m in mutants.values()]
+    assert list(all_mutants()) == every
+    names = [m.name for m in every]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert {m.target for m in every} == set(TARGET_KINDS)
+    assert find_mutant("hash_before_write") is impl.MUTANTS["hash_before_write"] and find_mutant("nope") is None
+
+
+def test_families_exist() -> None:
+    for m in all_mutants():
+        known = SCHED_FAMILIES if m.target == "vllm-scheduler" else FAMILIES  # the scheduler's driver families
+        assert m.family in known, f"{m.name}: unknown family {m.family!r}"
+
+
+def test_modes_are_the_ones_the_campaign_knows() -> None:
+    assert set(MODES) == set(RELATIONS) | {"self"}
+    for m in all_mutants():
+        assert m.modes and set(m.modes) <= set(MODES) and len(set(m.modes)) == len(m.modes), m.name
+        assert m.target == "spec" or m.modes == ("exact",), f"{m.name}: only the spec can run as itself"
+
+
+def test_intended_checks_exist() -> None:
+    for m in invariants.MUTANTS.values():
+        assert m.intended is not None
+        named = [w for w in m.intended.replace(",", " ").split() if not w.startswith("(")]
+        assert all(n in SPEC_INVARIANTS or n == "events_replay" for n in named), m.intended
+    for m in impl.MUTANTS.values():
+        assert m.intended in LEDGER_INVARIANTS, m.name
+
+
+def test_patches_name_an_attribute_of_their_owner() -> None:
+    for m in all_mutants():
+        if m.target in ("vllm", "vllm-scheduler") and importlib.util.find_spec("vllm") is None:
+            continue
+        owner = m.patch.resolve()
+        assert m.patch.attr in vars(owner), f"{m.name}: {m.patch.owner} has no {m.patch.attr}"
+
+
+def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
+    rows = [(e.name, e.origin, e.mode, e.target, e.families) for e in builtin_entries(with_vllm=True)]
+    origin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "vllm-scheduler": "scheduler"}
+    want = [
+        (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,)) for m in all_mutants() for mode in m.modes
+    ]
+    assert rows == want and len(rows) == 47
+    assert len(builtin_entries(with_vllm=False)) == 36  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
+
+
+def test_mutant_names_resolve_as_targets() -> None:
+    for name in ("free_order_appended", "null_block_queued", "hash_ignores_lora"):
+        target = resolve_target(f"mutant:{name}")()
+        assert target.name == f"mutant:{name}"
+    with pytest.raises(TargetLoadError, match="unknown mutant 'hit_off_by_one'"):
+        resolve_target("mutant:hit_off_by_one")  # a scheduler mutant is run by harness.vllm_sched
+    with pytest.raises(TargetLoadError, match="unknown mutant 'nope'.*free_order_appended"):
+        resolve_target("mutant:nope")
+
+
+def test_by_name_refuses_a_name_given_twice() -> None:
+    m = spec.MUTANTS["cache_drafts"]
+    with pytest.raises(AssertionError, match="duplicate"):
+        by_name((m, m))
+
+
+class _Owner:
+    def f(self) -> int:
+        return 1
+
+
+def test_patched_class_applies_the_wrapper_and_restores_the_original() -> None:
+    original = _Owner.__dict__["f"]
+
+    def wrap(orig: Any) -> Any:
+        return lambda self: orig(self) + 41
+
+    with patched_class(Patch(f"{__name__}:_Owner", "f", wrap)):
+        assert _Owner().f() == 42
+    assert _Owner.__dict__["f"] is original and _Owner().f() == 1
