@@ -1,7 +1,7 @@
 """Z3 proofs of the spec's arithmetic, key construction, hit searches and pool (``kvspec prove``).
 
 Each claim is a ``harness.proofs.core.Claim``: a name, a statement, its premises, and a check that
-calls the spec's own code.  ``all_claims()`` lists them in report order; ``prove_main`` is the
+calls the spec's own code.  ``all_claims()`` (``claims``) lists them in report order; ``prove_main`` is the
 command line.
 
 Imports: harness.core, harness.targets, harness.traces, spec.
@@ -9,21 +9,8 @@ Imports: harness.core, harness.targets, harness.traces, spec.
 
 from __future__ import annotations
 
+from harness.proofs.claims import all_claims
 from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, UNKNOWN, Claim, Outcome, Result, run_claim
-
-
-def all_claims() -> list[Claim]:
-    from harness.proofs import allocation, coverage, coverage_failures, hybrid, keys, pool, windows
-
-    return [
-        *allocation.CLAIMS,
-        *windows.CLAIMS,
-        *coverage.CLAIMS,
-        *coverage_failures.CLAIMS,
-        *hybrid.CLAIMS,
-        *pool.CLAIMS,
-        *keys.CLAIMS,
-    ]
 
 
 def prove_main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.proofs import all_claims
+from harness.proofs.claims import all_claims
 from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, Claim, Result, run_claim
 from harness.proofs.report import write_report
 
