@@ -51,3 +51,26 @@ def test_a_family_added_as_the_doc_says_is_fuzzed(
     steps = int(re.search(r"(\d+) steps in", summary).group(1))  # type: ignore[union-attr]
     assert steps > 0
     assert main(["fuzz", "--family", name + "_not_added", "--seconds", "1", "--out", str(out)]) == 2
+
+
+def test_a_mutant_added_as_the_doc_says_is_killed_by_its_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.mutants import invariants, spec
+    from harness.mutants.record import Mutant
+
+    code = doc_code("A mutant")
+    *definitions, entry = code.strip().split("\n\n\n")  # the wrapper, then the catalogue entry
+    run_in_module("\n\n\n".join(definitions), invariants)
+    mutant = eval(compile(entry, str(DOC), "eval"), vars(invariants))  # noqa: S307 - our own doc
+    assert isinstance(mutant, Mutant) and mutant.intended
+    assert mutant.name not in spec.SPEC_MUTANTS, "the doc's example must be a new mutant"
+    # What adding the entry to the tuple does at import: it is in the catalogue and in every spec mutant.
+    monkeypatch.setitem(invariants.MUTANTS, mutant.name, mutant)
+    monkeypatch.setitem(spec.SPEC_MUTANTS, mutant.name, mutant)
+    capsys.readouterr()
+    rc = main(["mutants", "--only", mutant.name, "--seconds", "60", "--no-vllm", "--out", str(tmp_path / "r")])
+    table = capsys.readouterr().out
+    assert rc == 0, table
+    row = next(line for line in table.splitlines() if mutant.name in line)
+    assert mutant.intended in row, row
