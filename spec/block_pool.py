@@ -1,7 +1,8 @@
 """The block pool: ref counts, the free queue, the hash -> blocks map, events.
 
-Models vLLM 0.33.0 ``vllm/v1/core/block_pool.py`` (``BlockPool``, ``FreeKVCacheBlockQueue``,
-``BlockHashToBlockMap``) for the core scope: no copy-on-write, no host tiers, no reuse watchers.
+Models vLLM 0.33.0 ``vllm/v1/core/block_pool.py`` (``BlockPool``, ``BlockHashToBlockMap``) and the
+free queue of ``vllm/v1/core/kv_cache_utils.py`` (``FreeKVCacheBlockQueue``) for the core scope:
+no copy-on-write, no host tiers, no reuse watchers.
 The pool is a value: each operation returns a new pool.
 
 Partial entries are in scope because vLLM 0.33 creates them without any partial-hit feature being
