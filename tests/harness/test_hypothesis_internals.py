@@ -14,9 +14,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 from hypothesis.internal.conjecture import engine
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from harness.check.hypothesis_run import HYPOTHESIS_VERSION, cap_shrinking, run_as_test
+from harness.check.hypothesis_run import (
+    HYPOTHESIS_VERSION,
+    SLOW_SHRINKING_WARNING,
+    cap_shrinking,
+    run_as_test,
+    without_slow_shrinking_warning,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 1000  # a failing ``Drawing`` fails on a draw of at least this; shrinking ends at exactly this
@@ -125,3 +131,31 @@ def test_the_shrinking_bound_is_honoured() -> None:
         "is read before the first failing example ends: a cap set then was ignored",
     )
     assert engine.MAX_SHRINKING_SECONDS == saved, "run_as_test left its shrinking bound behind"
+
+
+def test_the_slow_shrinking_warning_is_hypothesis_and_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    """Shrinking cut to 0 s makes Hypothesis report its 'five minutes ... PLEASE REPORT THIS' warning;
+    ``run_as_test`` keeps it from the user, and nothing else."""
+    from hypothesis.reporting import report, with_reporter
+
+    heard: list[str] = []
+    with with_reporter(lambda v: heard.append(str(v))):
+        run(seed=3, fail=True, shrink_seconds=0)
+        with without_slow_shrinking_warning():
+            report(SLOW_SHRINKING_WARNING + " (a test)")
+            report("another message")
+    assert heard == ["another message"], heard
+    capsys.readouterr()
+    saved = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = 0  # the same run without run_as_test's filter: Hypothesis still warns
+    try:
+        cls = type("Bare", (Drawing,), {"drawn": [], "fail_at": LIMIT, "cap": None})
+        hyp = settings(max_examples=10, stateful_step_count=5, deadline=None, database=None, print_blob=False)
+        with with_reporter(lambda v: heard.append(str(v))), pytest.raises(AssertionError, match="drew"):
+            cls._hypothesis_internal_use_seed = 3  # type: ignore[attr-defined]
+            run_state_machine_as_test(cls, settings=hyp)
+    finally:
+        engine.MAX_SHRINKING_SECONDS = saved
+    assert any(h.startswith(SLOW_SHRINKING_WARNING) for h in heard), broken(
+        "the slow-shrinking warning", f"no longer starts {SLOW_SHRINKING_WARNING!r}: the filter would miss it"
+    )
