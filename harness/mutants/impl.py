@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from harness.core.book import BookRequest
-from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, patched_class
+from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name
 from harness.targets.impl import ImplTarget
 from impl import allocator as alloc
 
@@ -138,13 +137,8 @@ MUTANTS: dict[str, Mutant] = by_name(
 class MutantImplTarget(MutatedTarget, ImplTarget):
     """``ImplTarget`` with one deliberate allocator bug (see the module docstring)."""
 
-    def __init__(self, mutant: str) -> None:
-        if mutant not in MUTANTS:
-            raise ValueError(f"unknown impl mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
-        super().__init__(MUTANTS[mutant])
-
-    def active(self) -> AbstractContextManager[None]:
-        return patched_class(MUTANTS[self.mutant].patch)
+    catalogue = MUTANTS
+    what = "impl mutant"
 
 
 def make_mutant_target(name: str) -> MutantImplTarget:

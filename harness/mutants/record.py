@@ -10,10 +10,10 @@ the code it breaks: each wrapper changes the arguments, the result or one collab
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from harness.core.ops import Op
 from harness.targets.adapter import ManagerAdapter
@@ -86,17 +86,23 @@ def patched_class(patch: Patch) -> Iterator[None]:
 
 class MutatedTarget(ManagerAdapter[Any]):
     """What every mutant target shares, mixed in before its adapter (``class M(MutatedTarget,
-    SpecTarget)``): ``mutant:NAME`` as its name, the bug in its version, and the bug active only
-    inside its ``reset`` and ``apply`` calls (``active``), so an unmutated target is untouched."""
+    SpecTarget)``, naming its ``catalogue``): a name the catalogue knows (else a ``ValueError``
+    naming ``what`` it is), ``mutant:NAME`` as its name, the bug in its version, and the bug active
+    only inside its ``reset`` and ``apply`` calls (``active``), so an unmutated target is untouched."""
 
-    def __init__(self, mutant: Mutant) -> None:
+    catalogue: ClassVar[Mapping[str, Mutant]]
+    what: ClassVar[str] = "mutant"  # in the error naming an unknown one
+
+    def __init__(self, mutant: str) -> None:
+        if mutant not in self.catalogue:
+            raise ValueError(f"unknown {self.what} {mutant!r} (known: {', '.join(sorted(self.catalogue))})")
         super().__init__()
-        self.mutant = mutant.name
-        self.name = f"mutant:{mutant.name}"
+        self.mutant = mutant
+        self.name = f"mutant:{mutant}"
 
     def active(self) -> AbstractContextManager[None]:
-        """The mutant applied, as a context."""
-        raise NotImplementedError
+        """The mutant applied, as a context: its patch on its class (a catalogue may patch otherwise)."""
+        return patched_class(self.catalogue[self.mutant].patch)
 
     @property
     def version(self) -> str:

@@ -141,13 +141,8 @@ def patched(name: str) -> AbstractContextManager[None]:
 class MutantVllmTarget(MutatedTarget, VllmTarget):
     """The real vLLM ``KVCacheManager`` with one deliberate bug, active only inside its calls."""
 
-    def __init__(self, mutant: str) -> None:
-        if mutant not in MUTANTS:
-            raise ValueError(f"unknown vLLM mutant {mutant!r} (known: {', '.join(sorted(MUTANTS))})")
-        super().__init__(MUTANTS[mutant])
-
-    def active(self) -> AbstractContextManager[None]:
-        return patched(self.mutant)
+    catalogue = MUTANTS
+    what = "vLLM mutant"
 
 
 def make_mutant_target(name: str) -> MutantVllmTarget:
