@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from spec.config import Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from spec.linked_queue import LinkedQueue, queue_popleft, queue_push, queue_remove
 from spec.persistent import SMALL_POOL, MapOverlay, PMap, PVec, VecOverlay, vec_set
+from spec.releases.profile import BASE, Profile
 from spec.types import (
     NULL_BLOCK_ID,
     BlockCount,
@@ -67,7 +67,7 @@ class BlockPool:
 def init_block_pool(
     num_blocks: int,
     enable_caching: bool,
-    profile: Profile = Profile.V0_33,
+    profile: Profile = BASE,
     enable_kv_cache_events: bool = False,
     persistent: bool | None = None,
 ) -> BlockPool:
@@ -208,7 +208,7 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
 
     Each non-null block drops one reference.  Blocks reaching 0 rejoin the queue: in 0.33, unhashed
     ones (or all, with caching off) are prepended in the given order (LIFO reuse), hashed ones are
-    appended (LRU eviction); in the 0.20 profile all of them are appended.  Hashes are kept.
+    appended (LRU eviction); under ``free_order == "append"`` all of them are appended.  Hashes are kept.
     """
     ref: dict[int, int] = {}
     to_front: list[BlockId] = []
@@ -221,7 +221,7 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
         ref[b] = count - 1
         if count == 1:
             unhashed = pool.block_key[b] is None or not pool.enable_caching
-            if unhashed and pool.profile is Profile.V0_33:
+            if unhashed and pool.profile.free_order == "split":
                 to_front.append(b)
             else:
                 to_tail.append(b)

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Literal
 
+from spec.releases.profile import BASE, Profile
 from spec.types import BlockCount, TokenCount
 
 AttentionKind = Literal["full", "sliding_window", "chunked_local", "cross"]
 HashAlgo = Literal["sha256", "sha256_cbor"]
-
-
-class Profile(str, Enum):
-    """Which vLLM release's free-queue order the spec follows.
-
-    ``V0_33``: freed blocks that reach ``ref_cnt == 0`` are split; unhashed ones go to the front
-    (LIFO reuse), hashed ones to the tail (LRU eviction).  ``V0_20``: every freed block is appended
-    to the tail (0.20 and earlier).  Everything else follows 0.33.
-    """
-
-    V0_33 = "vllm-0.33"
-    V0_20 = "vllm-0.20-free-order"
 
 
 class ConfigError(ValueError):
@@ -89,7 +77,7 @@ class KVCacheConfig:
     enable_kv_cache_events: bool = False
     watermark: float = 0.0
     max_in_flight_tokens: TokenCount | None = None
-    profile: Profile = Profile.V0_33
+    profile: Profile = BASE  # the vLLM release modelled (spec.releases)
     hash_block_size_override: TokenCount | None = field(default=None)
     # Derived once (the harness reads them on every step): see the class docstring.
     hash_block_size: TokenCount = field(init=False, repr=False, compare=False)

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from harness.check.hypothesis_run import cap_shrinking, run_as_test
 from harness.check.lockstep import Finding, FindingError, Lockstep
 from harness.core import ops as O
-from harness.targets.base import Target, Unsupported
+from harness.targets.base import Target, Unsupported, bind_release
 from harness.world.families import configs, near_points, workload_features
 from harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
 from spec.config import KVCacheConfig
@@ -212,9 +212,10 @@ class KVMachine(RuleBasedStateMachine):
             config = dataclasses.replace(
                 config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark")
             )
+        target = self._new_target(config)
+        config = bind_release(config, target)
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, features=features)
-        target = self._new_target(config)
         self.stats.target_version = str(getattr(target, "version", ""))
         self.ls = Lockstep(config, target, self.relation, self.step_timeout)
         self._lockstep_call(self.ls.start, at_reset=True)

@@ -21,7 +21,7 @@ from harness.mutants.invariants import MUTANTS as INVARIANT_MUTANTS
 from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, doc_of
 from harness.targets.spec import SpecTarget
 from spec import request as rq
-from spec.config import Profile
+from spec.releases.line import FREE_ORDER_0_20
 
 
 def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -29,7 +29,7 @@ def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
     prepended: LIFO reuse of scratch blocks is lost, different block ids come back."""
 
     def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
-        out = orig(dataclasses.replace(pool, profile=Profile.V0_20), ordered_blocks)
+        out = orig(dataclasses.replace(pool, profile=FREE_ORDER_0_20), ordered_blocks)
         return dataclasses.replace(out, profile=pool.profile)
 
     return free_blocks

@@ -39,7 +39,8 @@ import z3
 
 from harness.proofs.core import COUNTEREXAMPLE, PROVEN, UNKNOWN, Claim, Outcome
 from spec import block_pool as bp
-from spec.config import Profile
+from spec.releases.line import FREE_ORDER_0_20
+from spec.releases.profile import BASE
 from spec.types import BlockHash, BlockId, GroupId, make_block_key
 
 # --- abstract encoding ---------------------------------------------------------------------------
@@ -272,7 +273,7 @@ def _state_key(pool: bp.BlockPool, refs: tuple[int, ...]) -> Any:
 def check_bounded(timeout_s: float) -> Outcome:
     total = 0
     for N in range(1, MAX_POOL_BLOCKS + 1):
-        for profile in (Profile.V0_33, Profile.V0_20):
+        for profile in (BASE, FREE_ORDER_0_20):
             start = bp.init_block_pool(N, enable_caching=True, profile=profile)
             seen = {_state_key(start, (0,) * N)}
             frontier: deque[tuple[bp.BlockPool, tuple[int, ...], tuple[str, ...]]] = deque([(start, (0,) * N, ())])
@@ -284,7 +285,7 @@ def check_bounded(timeout_s: float) -> Outcome:
                     return Outcome(
                         COUNTEREXAMPLE,
                         "operations succeed and hand out unhashed blocks",
-                        {"num_blocks": N, "profile": profile.value, "ops": list(path)},
+                        {"num_blocks": N, "profile": profile.name, "ops": list(path)},
                         str(e),
                     )
                 for label, new_pool, new_refs in successors:
@@ -293,7 +294,7 @@ def check_bounded(timeout_s: float) -> Outcome:
                         return Outcome(
                             COUNTEREXAMPLE,
                             "every reachable pool satisfies the invariants",
-                            {"num_blocks": N, "profile": profile.value, "ops": list(path + (label,))},
+                            {"num_blocks": N, "profile": profile.name, "ops": list(path + (label,))},
                             wrong,
                         )
                     key = _state_key(new_pool, new_refs)

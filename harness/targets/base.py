@@ -13,17 +13,21 @@ Outcome forms (JSON values, identical across targets):
 - ``ResetPrefixCache``: ``bool``
 - ``TakeEvents``: ``[event_to_json(e), ...]`` (see ``harness.core.observation``)
 - every other operation: ``None``
+A target that models one vLLM release says so with a ``profile`` attribute (a ``spec.releases``
+``Profile``, e.g. the installed vLLM's): ``bind_release`` then runs every config under that profile.
 A target that cannot model an operation or config raises ``Unsupported`` (the harness then skips
 that family or step kind for this target, and says so); any other exception is a finding.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from harness.core.observation import Observation
 from harness.core.ops import Op
 from spec.config import KVCacheConfig
+from spec.releases.profile import Profile
 
 
 class Unsupported(Exception):
@@ -50,3 +54,19 @@ class Target(Protocol):
     def observe(self) -> Observation:
         """The manager's current state in the spec's vocabulary."""
         ...
+
+
+def get_target_profile(target: object) -> Profile | None:
+    """The release a target models (its ``profile`` attribute), None for a target that follows the config."""
+    profile = getattr(target, "profile", None)
+    return profile if isinstance(profile, Profile) else None
+
+
+def bind_release(config: KVCacheConfig, target: object) -> KVCacheConfig:
+    """``config`` under the release ``target`` models: a config drawn (or replayed) for one release
+    runs under the target's, so one workload checks every release.  A what-if profile (no release,
+    e.g. ``vllm-0.20-free-order``) stays as it is: the target then refuses it (``Unsupported``)."""
+    profile = get_target_profile(target)
+    if profile is None or config.profile.release is None or config.profile == profile:
+        return config
+    return replace(config, profile=profile)

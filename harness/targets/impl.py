@@ -28,11 +28,12 @@ from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported
 from impl import allocator as alloc
 from impl.hashing import BlockHasher
-from spec.config import KVCacheConfig, Profile
+from spec.config import KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.releases.profile import BASE
 from spec.types import BlockHash, GroupId, TokenCount
 
-_FREE_ORDER = {Profile.V0_33: "v0.33", Profile.V0_20: "v0.20"}
+_FREE_ORDER = {"split": "v0.33", "append": "v0.20"}
 
 
 class ImplTarget(ManagerAdapter[alloc.Request]):
@@ -55,7 +56,12 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
         return self._manager
 
     def build(self, config: KVCacheConfig) -> None:
-        """A fresh allocator for ``config``."""
+        """A fresh allocator for ``config``.  ``impl`` follows vLLM 0.33.0, and 0.20's free order on
+        request; any other release's profile is ``Unsupported``."""
+        other = {k: v for k, v in config.profile.knobs().items() if k != "free_order" and v != BASE.knobs()[k]}
+        if other:
+            differs = ", ".join(sorted(other))
+            raise Unsupported(f"impl models vLLM 0.33.0, not profile {config.profile.name!r} ({differs})")
         groups = [
             alloc.GroupSpec(g.kind, g.block_size, g.sliding_window, g.attention_chunk_size) for g in config.groups
         ]
@@ -68,7 +74,7 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             enable_events=config.enable_kv_cache_events,
             watermark=config.watermark,
             max_in_flight_tokens=config.max_in_flight_tokens,
-            free_order=_FREE_ORDER[config.profile],
+            free_order=_FREE_ORDER[config.profile.free_order],
         )
         # vLLM 0.33 EngineCore builds the block hasher only when prefix caching is on (no connector
         # is modelled): with caching off, requests carry no block hashes.

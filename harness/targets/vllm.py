@@ -1,8 +1,10 @@
-"""The real vLLM 0.33.0 ``KVCacheManager`` as a kvspec target.
+"""The installed vLLM release's ``KVCacheManager`` as a kvspec target (any release 0.23.0 to 0.34.0).
 
 ``VllmTarget`` drives an unmodified ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (on CPU; no
 model, engine or ``VllmConfig``) with real ``Request`` objects, and reports its state in the spec's
-vocabulary.  The harness treats it like any other target (``harness.targets.base.Target``):
+vocabulary.  It models the installed release: its ``profile`` is that release's
+(``spec.releases``), and ``harness.targets.vllm_release`` probes what the adapter touches that
+releases spell differently.  The harness treats it like any other target (``harness.targets.base.Target``):
 
 * ``reset`` builds the manager from kvspec's ``KVCacheConfig`` with vLLM's own ``KVCacheConfig`` /
   ``KVCacheGroupSpec`` / ``*AttentionSpec`` classes (head count, head size and dtype are dummies: the
@@ -41,25 +43,26 @@ from harness.core.ops import (
 )
 from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported
-from harness.targets.vllm_observe import glimpse_manager, observe_manager
-from spec.config import AttentionSpec, KVCacheConfig, Profile
+from harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
+from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, split_computed
+from spec.config import AttentionSpec, KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.releases.line import UnknownRelease
+from spec.releases.profile import Profile
 from spec.types import BlockHash, GroupId, TokenCount
-
-SUPPORTED_VERSION = "0.33.0"
 
 _MASK64 = (1 << 64) - 1
 
 
 class VllmUnavailable(ImportError):
-    """vLLM 0.33.0 is not importable in this environment."""
+    """vLLM is not importable in this environment, or is a release kvspec does not model."""
 
 
 _V: SimpleNamespace | None = None
 
 
 def _vllm() -> SimpleNamespace:
-    """Import the pieces of vLLM 0.33.0 the adapter uses (once per process; ~6 s)."""
+    """Import the pieces of vLLM the adapter uses and probe the release (once per process; ~6 s)."""
     global _V
     if _V is not None:
         return _V
@@ -73,19 +76,19 @@ def _vllm() -> SimpleNamespace:
         from vllm.utils import hashing
         from vllm.v1 import kv_cache_interface as kvi
         from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.block_pool import BlockHashToBlockMap
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.request import Request, RequestStatus
     except ImportError as e:  # pragma: no cover - exercised only without vLLM
-        raise VllmUnavailable(
-            f"the vllm target needs vLLM {SUPPORTED_VERSION} (install it with `ci/setup --vllm`): {e}"
-        ) from e
+        raise VllmUnavailable(f"the vllm target needs vLLM (install it with `ci/setup --vllm[=VERSION]`): {e}") from e
     # A refused reset_prefix_cache is a normal outcome here, not worth vLLM's warning per call.
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    if version.__version__ != SUPPORTED_VERSION:
-        raise VllmUnavailable(
-            f"the vllm target models vLLM {SUPPORTED_VERSION}, but vLLM {version.__version__} is installed"
-        )
+    try:
+        api = probe(version.__version__, KVCacheManager, kv_cache_utils.KVCacheBlock, BlockHashToBlockMap)
+    except UnknownRelease as e:
+        raise VllmUnavailable(str(e)) from None
     _V = SimpleNamespace(
+        api=api,
         torch=torch,
         version=version,
         kv_events=kv_events,
@@ -140,13 +143,16 @@ def _make_vllm_kv_cache_config(v: SimpleNamespace, config: KVCacheConfig) -> Any
 
 
 class VllmTarget(ManagerAdapter[Any]):
-    """vLLM 0.33.0's ``KVCacheManager``, driven through the kvspec ``Target`` protocol."""
+    """The installed vLLM's ``KVCacheManager``, driven through the kvspec ``Target`` protocol."""
 
     name = "vllm"
 
     def __init__(self) -> None:
         super().__init__()
         self._v = _vllm()
+        self.api = self._v.api
+        self.profile: Profile = self.api.profile  # the release this target models (bind_release)
+        self._reader = Reader(self.api)
         self._manager: Any = None
         self._lora_ids: dict[str, int] = {}  # lora_name -> lora_int_id (not part of any hash)
         self._hash_by_low64: dict[int, bytes | None] = {}  # event int hash -> BlockHash (None: ambiguous)
@@ -160,8 +166,9 @@ class VllmTarget(ManagerAdapter[Any]):
 
     def build(self, config: KVCacheConfig) -> None:
         """A fresh vLLM ``KVCacheManager`` for ``config``, with ``NONE_HASH`` seeded for its hash algo."""
-        if config.profile != Profile.V0_33:
-            raise Unsupported(f"vLLM 0.33.0 follows profile {Profile.V0_33.value!r}, not {config.profile.value!r}")
+        if config.profile != self.profile:
+            release, asked = self.profile.name, config.profile.name
+            raise Unsupported(f"vLLM {self.api.version} follows profile {release!r}, not {asked!r}")
         v = self._v
         self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
         # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
@@ -175,8 +182,7 @@ class VllmTarget(ManagerAdapter[Any]):
             if config.enable_caching
             else None
         )
-        self._manager = v.KVCacheManager(
-            _make_vllm_kv_cache_config(v, config),
+        wanted = dict(
             max_model_len=config.max_model_len,
             scheduler_block_size=config.scheduler_block_size,
             hash_block_size=config.hash_block_size,
@@ -185,6 +191,11 @@ class VllmTarget(ManagerAdapter[Any]):
             enable_kv_cache_events=config.enable_kv_cache_events,
             watermark=config.watermark,
         )
+        try:
+            kwargs = self.api.manager_kwargs(wanted, {"max_in_flight_tokens": None, "watermark": 0.0})
+        except ReleaseMismatch as e:
+            raise Unsupported(str(e)) from None
+        self._manager = v.KVCacheManager(_make_vllm_kv_cache_config(v, config), **kwargs)
         self._lora_ids = {}
         self._hash_by_low64 = {}
         self._hash_memo = {}
@@ -254,15 +265,19 @@ class VllmTarget(ManagerAdapter[Any]):
     # -- manager calls --
 
     def get_computed_blocks(self, request: Any) -> tuple[Any, list[list[int]], int]:
-        """vLLM 0.33 ``get_computed_blocks(request)``; the book keeps the blocks for this request's
-        next ``allocate_slots`` with ``use_computed_blocks`` (which consumes them)."""
-        blocks, num_hit_tokens, _shared_prefix_boundary = self._manager.get_computed_blocks(request)
+        """``get_computed_blocks(request)``; the book keeps the blocks for this request's next
+        ``allocate_slots`` with ``use_computed_blocks`` (which consumes them)."""
+        blocks, num_hit_tokens = split_computed(self._manager.get_computed_blocks(request))
         return blocks, _block_ids(blocks), num_hit_tokens
 
     def allocate_slots(self, request: Any, op: AllocateSlots, new_computed_blocks: Any) -> list[list[int]] | None:
-        """vLLM 0.33 ``allocate_slots``; ``new_computed_blocks`` is this request's lookup when
+        """``allocate_slots``; ``new_computed_blocks`` is this request's lookup when
         ``use_computed_blocks``, else None (the scheduler's running-request call)."""
-        new_blocks = self._manager.allocate_slots(request, op.num_new_tokens, **op.manager_kwargs(new_computed_blocks))
+        try:
+            kwargs = self.api.allocate_kwargs(op.manager_kwargs(new_computed_blocks), _ALLOCATE_DEFAULTS)
+        except ReleaseMismatch as e:
+            raise Unsupported(str(e)) from None
+        new_blocks = self._manager.allocate_slots(request, op.num_new_tokens, **kwargs)
         return None if new_blocks is None else _block_ids(new_blocks)
 
     def free(self, request: Any, request_id: str) -> None:
@@ -320,12 +335,13 @@ class VllmTarget(ManagerAdapter[Any]):
     def observe(self) -> Observation:
         """The manager's state in the spec's vocabulary (``harness.targets.vllm_observe``)."""
         manager = self._built("observe")
-        return observe_manager(manager, {rid: self._observed_hashes(rid, r) for rid, r in self.book.native.items()})
+        hashes = {rid: self._observed_hashes(rid, r) for rid, r in self.book.native.items()}
+        return observe_manager(manager, self._reader, hashes)
 
     def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
         """The part of the manager's state one operation of ``requests`` can change
         (``harness.core.glimpse``), read without walking the pool or the free list."""
-        return glimpse_manager(self._built("glimpse"), self._hashes_of, requests, blocks, keys)
+        return glimpse_manager(self._built("glimpse"), self._reader, self._hashes_of, requests, blocks, keys)
 
     def _built(self, what: str) -> Any:
         """The manager, once ``reset`` built it."""
@@ -369,9 +385,12 @@ def _make_prompt_embeds(v: SimpleNamespace, rows: tuple[str, ...] | None) -> Any
     return v.torch.frombuffer(raw, dtype=v.torch.float32).reshape(len(rows), -1)
 
 
+_ALLOCATE_DEFAULTS = {"has_scheduled_reqs": ANY}  # meaningless without a watermark (before 0.24)
+
+
 def _block_ids(blocks: Any) -> list[list[int]]:
     """``KVCacheBlocks.get_block_ids()`` as JSON lists, one per group."""
     return [list(ids) for ids in blocks.get_block_ids()]
 
 
-__all__ = ["SUPPORTED_VERSION", "VllmTarget", "VllmUnavailable", "vllm_version"]
+__all__ = ["VllmTarget", "VllmUnavailable", "vllm_version"]

@@ -1,5 +1,7 @@
-"""Reading vLLM 0.33.0's ``KVCacheManager`` state in the spec's vocabulary: the one reader of vLLM
-internals for ``harness.targets.vllm.VllmTarget``.
+"""Reading a vLLM ``KVCacheManager``'s state in the spec's vocabulary: the one reader of vLLM
+internals for ``harness.targets.vllm.VllmTarget``.  Where releases store things differently
+(``harness.targets.vllm_release.VllmApi``: the block's hash attributes, the hash map's storage,
+secondary keys from 0.26 on), the ``Reader`` built once per release reads each form.
 
 ``observe_manager`` reads the whole state (single-type managers' tables, the block pool's blocks,
 free list and hash map) into an ``Observation``; ``glimpse_manager`` reads the part one operation
@@ -15,14 +17,52 @@ from typing import Any
 
 from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
 from harness.core.observation import Observation
+from harness.targets.vllm_release import VllmApi
 
 
-def observe_manager(manager: Any, request_hashes: dict[str, tuple[bytes, ...]]) -> Observation:
+class Reader:
+    """How one release stores a block's key and the hash map (``VllmApi``)."""
+
+    def __init__(self, api: VllmApi) -> None:
+        self.block_key = attrgetter(api.hash_attr)
+        tokens = api.hash_tokens_attr
+        self.block_key_tokens: Callable[[Any], int | None] = attrgetter(tokens) if tokens else _none
+        self.map_holds_ids = api.map_holds_ids
+
+    def cached_map(self, pool: Any) -> dict[bytes, tuple[int, ...]]:
+        """``BlockHashToBlockMap`` as key -> block ids in insertion order (first: the one lookups return)."""
+        cache_map = pool.cached_block_hash_to_block
+        if self.map_holds_ids:  # 0.34: key -> block id; keys held by several blocks also in _dup_ids
+            dups = cache_map._dup_ids
+            return {bytes(k): tuple(dups[k]) if k in dups else (b,) for k, b in cache_map._cache.items()}
+        return _cached_map(cache_map)
+
+    def cached_ids(self, pool: Any, key: bytes) -> tuple[int, ...]:
+        """The block ids one key holds (empty when none)."""
+        cache_map = pool.cached_block_hash_to_block
+        held = cache_map._cache.get(key)
+        if held is None:
+            return ()
+        if self.map_holds_ids:
+            dups = cache_map._dup_ids.get(key)
+            return tuple(dups) if dups is not None else (held,)
+        return tuple(b.block_id for b in held.values()) if isinstance(held, dict) else (held.block_id,)
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def _secondary(pool: Any) -> dict[int, Any]:
+    """``cached_block_hashes_by_block`` (from 0.26 on; none before)."""
+    return getattr(pool, "cached_block_hashes_by_block", None) or {}
+
+
+def observe_manager(manager: Any, reader: Reader, request_hashes: dict[str, tuple[bytes, ...]]) -> Observation:
     """The whole state of ``manager``; ``request_hashes``: each booked request's block hashes."""
     managers = manager.coordinator.single_type_managers
     pool = manager.block_pool
-    # Per-block fields read with ``map`` and ``attrgetter`` (the walk runs in C; the properties
-    # ``block_hash`` / ``block_hash_num_tokens`` return these attributes, reset together).
+    # Per-block fields read with ``map`` and ``attrgetter`` (the walk runs in C).
     ref_cnt = list(map(_REF_CNT, pool.blocks))
     ref_cnt[pool.null_block.block_id] = 0  # the null block's count is not maintained
     return Observation(
@@ -34,18 +74,17 @@ def observe_manager(manager: Any, request_hashes: dict[str, tuple[bytes, ...]]) 
         num_cached_block=tuple(dict(m.num_cached_block) for m in managers),
         ref_cnt=tuple(ref_cnt),
         free_queue=_free_queue_ids(pool.free_block_queue),
-        block_key=tuple(map(_BLOCK_HASH, pool.blocks)),
-        cached=_cached_map(pool.cached_block_hash_to_block),
+        block_key=tuple(map(reader.block_key, pool.blocks)),
+        cached=reader.cached_map(pool),
         request_block_hashes=request_hashes,
-        block_key_tokens=tuple(map(_BLOCK_HASH_TOKENS, pool.blocks)),
-        secondary_keys={
-            bid: frozenset(bytes(k) for k in keys) for bid, keys in pool.cached_block_hashes_by_block.items() if keys
-        },
+        block_key_tokens=tuple(map(reader.block_key_tokens, pool.blocks)),
+        secondary_keys={bid: frozenset(bytes(k) for k in keys) for bid, keys in _secondary(pool).items() if keys},
     )
 
 
 def glimpse_manager(
     manager: Any,
+    reader: Reader,
     hashes: Callable[[str], tuple[bytes, ...] | None],
     requests: Sequence[str],
     blocks: Collection[int],
@@ -56,21 +95,19 @@ def glimpse_manager(
     managers = manager.coordinator.single_type_managers
     pool = manager.block_pool
     null_id = pool.null_block.block_id
-    by_block = pool.cached_block_hashes_by_block
+    by_block = _secondary(pool)
     cache = pool.cached_block_hash_to_block._cache
+    block_key, block_key_tokens = reader.block_key, reader.block_key_tokens
 
     def facts(b: int) -> BlockFacts:
         blk = pool.blocks[b]
-        key = blk._block_hash
+        key = block_key(blk)
         secondary = frozenset(bytes(k) for k in by_block.get(b, ()))
         ref = 0 if b == null_id else blk.ref_cnt
-        return ref, None if key is None else bytes(key), blk._block_hash_num_tokens, secondary
+        return ref, None if key is None else bytes(key), block_key_tokens(blk), secondary
 
     def cached(k: bytes) -> tuple[int, ...]:
-        held = cache.get(k)
-        if held is None:
-            return ()
-        return tuple(b.block_id for b in held.values()) if isinstance(held, dict) else (held.block_id,)
+        return reader.cached_ids(pool, k)
 
     view = GlimpseView(
         tables=[_TableView(m.req_to_blocks) for m in managers],
@@ -86,8 +123,6 @@ def glimpse_manager(
 
 
 _REF_CNT = attrgetter("ref_cnt")
-_BLOCK_HASH = attrgetter("_block_hash")
-_BLOCK_HASH_TOKENS = attrgetter("_block_hash_num_tokens")
 
 
 def _free_queue_ids(queue: Any) -> tuple[int, ...]:
@@ -130,8 +165,8 @@ class _TableView:
 
 
 def _cached_map(cache_map: Any) -> dict[bytes, tuple[int, ...]]:
-    """``BlockHashToBlockMap``: a key holds one ``KVCacheBlock`` or, once a second block was inserted
-    under it, a ``{block_id: block}`` dict in insertion order (first = the one lookups return)."""
+    """``BlockHashToBlockMap`` up to 0.33: a key holds one ``KVCacheBlock`` or, once a second block
+    was inserted under it, a ``{block_id: block}`` dict in insertion order."""
     out: dict[bytes, tuple[int, ...]] = {}
     for key, held in cache_map._cache.items():
         if isinstance(held, dict):

@@ -22,7 +22,7 @@ Schema (version 1); ``T`` = ``MAX_TOKENS`` = 2**20, ``B`` = ``MAX_NUM_BLOCKS`` =
         "hash_algo"?: "sha256" | "sha256_cbor",
         "watermark"?: number in [0, 1),
         "max_in_flight_tokens"?: null | int in [0, T],
-        "profile"?: "vllm-0.33" | "vllm-0.20-free-order",
+        "profile"?: "vllm-<release>" (spec.releases.line.RELEASES; legacy "vllm-0.33") | "vllm-0.20-free-order",
         "hash_block_size_override"?: null | int in [1, 2**16]},
         (then ``KVCacheConfig.validate``: the cross-field rules)
      "target": {"name": non-empty str (<= 256 chars), "version"?: str (<= 4096 chars)},
@@ -114,7 +114,9 @@ from harness.traces.schema import (
     outcome_from_json,
     str_of,
 )
-from spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig, Profile
+from spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig
+from spec.releases.line import UnknownRelease, all_profile_names, profile_named
+from spec.releases.profile import Profile
 from spec.types import BlockCount, TokenCount
 
 TRACE_VERSION = 1
@@ -164,9 +166,19 @@ def config_to_json(config: KVCacheConfig) -> dict[str, Any]:
         "enable_kv_cache_events": config.enable_kv_cache_events,
         "watermark": config.watermark,
         "max_in_flight_tokens": config.max_in_flight_tokens,
-        "profile": config.profile.value,
+        "profile": config.profile.name,
         "hash_block_size_override": config.hash_block_size_override,
     }
+
+
+def _profile(value: Any, where: str) -> Profile:
+    """A release profile by name (``vllm-0.34.0``; the legacy ``vllm-0.33`` reads as ``vllm-0.33.0``)."""
+    if not isinstance(value, str):
+        raise TraceFormatError(f"{where}: expected one of {', '.join(all_profile_names())}, got {describe(value)}")
+    try:
+        return profile_named(value)
+    except UnknownRelease as e:
+        raise TraceFormatError(f"{where}: {e}") from None
 
 
 def _watermark(value: Any, where: str) -> float:
@@ -182,7 +194,7 @@ _CONFIG_OPTIONAL: dict[str, Parser] = {
     "enable_kv_cache_events": want_bool,
     "watermark": _watermark,
     "max_in_flight_tokens": nullable(int_in(0, MAX_TOKENS)),
-    "profile": lambda v, w: Profile(want_choice(v, w, (p.value for p in Profile))),
+    "profile": lambda v, w: _profile(v, w),
     "hash_block_size_override": nullable(int_in(1, MAX_BLOCK_SIZE)),
 }
 ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from spec.config import (
     AttentionSpec,
     KVCacheConfig,
-    Profile,
     chunked_local,
     cross_attention,
     full_attention,
     sliding_window,
 )
+from spec.releases.line import FREE_ORDER_0_20
 from spec.types import BlockCount, TokenCount
 
 StrategyFn = TypeVar("StrategyFn", bound=Callable[..., Any])  # an st.composite function
@@ -202,9 +202,9 @@ def _encoder_decoder(draw: st.DrawFn) -> KVCacheConfig:
 @family("v0_20")
 @st.composite
 def _v0_20(draw: st.DrawFn) -> KVCacheConfig:
-    """Any layout under the 0.20 free-queue order (``Profile.V0_20``)."""
+    """Any layout under the 0.20 free-queue order (``spec.releases.line.FREE_ORDER_0_20``)."""
     base = draw(_any_layout())
-    return replace(base, profile=Profile.V0_20, enable_caching=draw(st.integers(0, 3)) != 0)
+    return replace(base, profile=FREE_ORDER_0_20, enable_caching=draw(st.integers(0, 3)) != 0)
 
 
 @family("async_sched", features={"async_scheduling"})

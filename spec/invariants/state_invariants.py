@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from spec.config import KVCacheConfig, Profile
+from spec.config import KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
 from spec.hashing import extend_block_hashes
 from spec.invariants.registry import SPEC_INVARIANTS, StateContext
@@ -353,7 +353,7 @@ def free_queue_partition(c: StateContext) -> str | None:
     block's hash never changes, so (unless ``evict_blocks`` ran) every unhashed block in the queue
     comes before every hashed one."""
     pool = c.state.pool
-    if pool.profile is not Profile.V0_33 or c.evict_called or not pool.enable_caching:
+    if pool.profile.free_order != "split" or c.evict_called or not pool.enable_caching:
         return None
     seen_hashed = None
     for b in pool.free_queue:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from spec.config import Profile
 from spec.invariants.registry import SPEC_INVARIANTS, StepContext
 from spec.linked_queue import queue_push
 from spec.persistent import vec_changed, vec_set
@@ -214,7 +213,7 @@ def free_order(s: StepContext) -> str | None:
             ref[blk] = ref.get(blk, s.before.pool.ref_cnt[blk]) - 1
             if ref[blk] == 0:
                 hashed = s.before.pool.block_key[blk] is not None and s.before.config.enable_caching
-                if hashed or s.before.config.profile is Profile.V0_20:
+                if hashed or s.before.config.profile.free_order == "append":
                     tail.append(blk)
                 else:
                     group_front.append(blk)

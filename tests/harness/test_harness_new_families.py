@@ -32,7 +32,9 @@ from harness.traces.trace import Trace, dumps_trace, trace_from_json
 from harness.world.families import FAMILIES, configs, workload_features
 from harness.world.workload import embed_row, run_seeded
 from spec import request as rq
-from spec.config import AttentionSpec, KVCacheConfig, Profile, cross_attention, full_attention, sliding_window
+from spec.config import AttentionSpec, KVCacheConfig, cross_attention, full_attention, sliding_window
+from spec.releases.line import FREE_ORDER_0_20
+from spec.releases.profile import BASE
 from spec.types import BlockCount, TokenCount
 
 
@@ -64,7 +66,7 @@ def test_new_families_are_listed() -> None:
     [
         ("cbor", lambda c: c.hash_algo == "sha256_cbor"),
         ("encoder_decoder", lambda c: not c.enable_caching and sum(g.kind == "cross" for g in c.groups) == 1),
-        ("v0_20", lambda c: c.profile == Profile.V0_20),
+        ("v0_20", lambda c: c.profile == FREE_ORDER_0_20),
         ("async_sched", lambda c: c.max_in_flight_tokens is not None and c.max_in_flight_tokens % 2 == 0),
         (
             "hash_block_override",
@@ -246,7 +248,7 @@ class _V033FreeOrder(_Buggy):
         "free_blocks",
         lambda orig: (
             lambda pool, blocks: dataclasses.replace(
-                orig(dataclasses.replace(pool, profile=Profile.V0_33), blocks), profile=pool.profile
+                orig(dataclasses.replace(pool, profile=BASE), blocks), profile=pool.profile
             )
         ),
     )

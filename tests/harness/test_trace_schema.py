@@ -36,7 +36,8 @@ from harness.traces.replay import replay
 from harness.traces.report import render_report
 from harness.traces.trace import MAX_BLOCK_STEPS, Trace, dumps_trace, loads_trace, read_trace, trace_to_json
 from harness.world.workload import run_seeded
-from spec.config import AttentionSpec, KVCacheConfig, Profile, full_attention, sliding_window
+from spec.config import AttentionSpec, KVCacheConfig, full_attention, sliding_window
+from spec.releases.profile import Profile
 from spec.request import RequestStatus
 
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))

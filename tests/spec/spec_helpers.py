@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from spec.config import KVCacheConfig, Profile
+from spec.config import KVCacheConfig
 from spec.kv_cache_manager import ComputedBlocks, allocate_slots, get_computed_blocks
+from spec.releases.profile import Profile
 from spec.request import Request, RequestStatus, make_request, with_num_computed_tokens, with_status
 from spec.state import KVCacheManagerState
 

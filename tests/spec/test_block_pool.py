@@ -3,8 +3,8 @@
 import pytest
 
 from spec import block_pool as bp
-from spec.config import Profile
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
+from spec.releases.line import FREE_ORDER_0_20
 from spec.types import BlockHash, BlockId, GroupId, make_block_key
 
 H = [BlockHash(bytes([i]) * 32) for i in range(8)]
@@ -37,7 +37,7 @@ def test_free_blocks_033_prepends_unhashed_and_appends_hashed():
 
 
 def test_free_blocks_020_appends_everything():
-    pool = bp.init_block_pool(6, enable_caching=True, profile=Profile.V0_20)
+    pool = bp.init_block_pool(6, enable_caching=True, profile=FREE_ORDER_0_20)
     pool, got = bp.get_new_blocks(pool, 4)
     pool = bp.cache_full_blocks(pool, [0] * 8, H, got, 0, 2, 4, GroupId(0))
     pool = bp.free_blocks(pool, [4, 3, 2, 1])

@@ -6,9 +6,10 @@ import pytest
 from spec_helpers import admit, config
 
 from spec import kv_cache_manager as m
-from spec.config import Profile, full_attention, sliding_window
+from spec.config import full_attention, sliding_window
 from spec.events import BlockStored
 from spec.invariants import SPEC_INVARIANTS, StepContext, check_invariants, check_step
+from spec.releases.line import FREE_ORDER_0_20
 from spec.request import append_output_token_ids, make_request
 from spec.state import GroupState, KVCacheManagerState
 from spec.types import BlockHash, BlockId, GroupId
@@ -135,7 +136,7 @@ def test_each_state_invariant_catches_its_violation(name):
 def test_free_queue_partition_only_applies_to_033_without_evict():
     s, reqs, log = _break("free_queue_partition")
     assert "free_queue_partition" not in names(check_invariants(s, reqs, evict_called=True))
-    s20 = replace(s, pool=replace(s.pool, profile=Profile.V0_20))
+    s20 = replace(s, pool=replace(s.pool, profile=FREE_ORDER_0_20))
     assert "free_queue_partition" not in names(check_invariants(s20, reqs))
 
 

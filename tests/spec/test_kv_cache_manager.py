@@ -5,7 +5,9 @@ import pytest
 from spec_helpers import admit, config
 
 from spec import kv_cache_manager as m
-from spec.config import ConfigError, KVCacheConfig, Profile, cross_attention, full_attention, sliding_window
+from spec.config import ConfigError, KVCacheConfig, cross_attention, full_attention, sliding_window
+from spec.releases.line import FREE_ORDER_0_20
+from spec.releases.profile import BASE
 from spec.request import (
     RequestStatus,
     append_output_token_ids,
@@ -24,8 +26,8 @@ def ids(blocks):
 @pytest.mark.parametrize(
     "profile, after_free, req2_new, eviction_order",
     [
-        (Profile.V0_33, [5, 4, 6, 7, 8, 9, 10, 3, 2, 1], 5, [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]),
-        (Profile.V0_20, [6, 7, 8, 9, 10, 4, 5, 3, 2, 1], 6, [7, 8, 9, 10, 4, 5, 6, 3, 2, 1]),
+        (BASE, [5, 4, 6, 7, 8, 9, 10, 3, 2, 1], 5, [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]),
+        (FREE_ORDER_0_20, [6, 7, 8, 9, 10, 4, 5, 3, 2, 1], 6, [7, 8, 9, 10, 4, 5, 6, 3, 2, 1]),
     ],
 )
 def test_prefill_vectors(profile, after_free, req2_new, eviction_order):
@@ -55,7 +57,7 @@ def test_prefill_vectors(profile, after_free, req2_new, eviction_order):
 
 @pytest.mark.parametrize(
     "profile, after_free, req2_new",
-    [(Profile.V0_33, [6, 10, 5, 4, 3, 2, 1, 9, 8, 7], 6), (Profile.V0_20, [10, 6, 5, 4, 3, 2, 1, 9, 8, 7], 10)],
+    [(BASE, [6, 10, 5, 4, 3, 2, 1, 9, 8, 7], 6), (FREE_ORDER_0_20, [10, 6, 5, 4, 3, 2, 1, 9, 8, 7], 10)],
 )
 def test_evict_vectors(profile, after_free, req2_new):
     """vLLM test_evict: N=11, bs 16; a hit on blocks 1-2 then allocates from the head."""

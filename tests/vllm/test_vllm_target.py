@@ -30,7 +30,8 @@ from harness.core.ops import (  # noqa: E402
 )
 from harness.targets.base import Target, Unsupported  # noqa: E402
 from harness.targets.vllm import VllmTarget  # noqa: E402
-from spec.config import KVCacheConfig, Profile, full_attention, sliding_window  # noqa: E402
+from spec.config import KVCacheConfig, full_attention, sliding_window  # noqa: E402
+from spec.releases.line import FREE_ORDER_0_20
 from spec.types import make_block_key  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -76,7 +77,7 @@ def test_protocol_and_version(target: VllmTarget) -> None:
 
 def test_other_profile_is_unsupported(target: VllmTarget) -> None:
     with pytest.raises(Unsupported):
-        target.reset(full_config(profile=Profile.V0_20))
+        target.reset(full_config(profile=FREE_ORDER_0_20))
 
 
 # --- vLLM 0.33 test_prefill vectors (its test_prefix_caching.py) ------------------------------

@@ -1,0 +1,115 @@
+"""What differs between vLLM releases at the adapter's level, found by probing the installed release.
+
+Behaviour that changed between releases is the spec's business (``spec.releases``); this module only
+lets one adapter drive any release from 0.23.0 to 0.34.0.  It reads the installed version, picks
+that release's profile, and probes the installed code for what the adapter touches:
+
+- the keyword arguments ``KVCacheManager.__init__`` and ``allocate_slots`` accept (a keyword kvspec
+  would pass with a non-default value to a release that lacks it is ``Unsupported``);
+- ``KVCacheBlock``'s hash attributes (``_block_hash`` up to 0.33, the plain ``block_hash`` field in
+  0.34; ``_block_hash_num_tokens`` / ``block_hash_num_tokens``, absent where partial keys are);
+- ``BlockHashToBlockMap``'s storage: key -> block or ``{block_id: block}`` up to 0.33, key -> block
+  id plus a separate ``_dup_ids`` for keys held by several blocks in 0.34;
+- ``BlockPool.cached_block_hashes_by_block`` (secondary keys), present from 0.26 on.
+
+A release kvspec has no profile for is refused with the nearest known releases named, unless
+``KVSPEC_VLLM_PROFILE`` names the known release to assume (then the ``invariants`` relation is the
+meaningful one: the spec's exact behaviour is that release's, not the installed one's).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spec.releases.line import UnknownRelease, profile_for, require_known
+from spec.releases.profile import Profile
+
+ASSUME_ENV = "KVSPEC_VLLM_PROFILE"
+ANY = object()
+"""In a ``defaults`` mapping: a keyword that means nothing to a release lacking it (dropped whatever its value)."""
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The installed release's profile and the shapes of what the adapter touches (module docstring)."""
+
+    version: str
+    profile: Profile
+    manager_params: frozenset[str]
+    allocate_params: frozenset[str]
+    hash_attr: str  # KVCacheBlock attribute holding the map key
+    hash_tokens_attr: str | None  # ... and the number of prefix tokens it covers (None: no such field)
+    map_holds_ids: bool  # 0.34: BlockHashToBlockMap stores block ids (+ _dup_ids), not blocks
+
+    def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
+        only carry its default (``defaults``), else this release cannot model the config."""
+        return _accepted("KVCacheManager.__init__", self.manager_params, wanted, defaults, self.version)
+
+    def allocate_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """The same for ``allocate_slots``."""
+        return _accepted("allocate_slots", self.allocate_params, wanted, defaults, self.version)
+
+
+class ReleaseMismatch(Exception):
+    """The installed release cannot take a keyword kvspec needs for this config or call."""
+
+
+def _accepted(
+    what: str, params: frozenset[str], wanted: Mapping[str, Any], defaults: Mapping[str, Any], version: str
+) -> dict[str, Any]:
+    out = {}
+    for name, value in wanted.items():
+        if name in params:
+            out[name] = value
+        elif name in defaults and (defaults[name] is ANY or value == defaults[name]):
+            continue
+        else:
+            raise ReleaseMismatch(f"vLLM {version} {what} has no {name!r} (asked for {value!r})")
+    return out
+
+
+def installed_profile(version: str) -> Profile:
+    """The profile of ``version``, or of the release ``KVSPEC_VLLM_PROFILE`` names for an unknown one;
+    ``UnknownRelease`` otherwise, saying how to check such a release anyway."""
+    assumed = os.environ.get(ASSUME_ENV, "").strip()
+    if assumed:
+        return profile_for(require_known(assumed))
+    try:
+        return profile_for(require_known(version))
+    except UnknownRelease as e:
+        raise UnknownRelease(
+            f"{e}.  To check it anyway against the invariants and the KV ledger, assume the nearest known "
+            f"release: {ASSUME_ENV}=<release> kvspec fuzz --target vllm --relation invariants"
+        ) from None
+
+
+def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any) -> VllmApi:
+    """The ``VllmApi`` of the installed release (module docstring)."""
+    slots = set(getattr(block_cls, "__slots__", ())) | set(getattr(block_cls, "__dataclass_fields__", {}))
+    hash_attr = "_block_hash" if "_block_hash" in slots else "block_hash"
+    tokens = next((a for a in ("_block_hash_num_tokens", "block_hash_num_tokens") if a in slots), None)
+    map_init = inspect.signature(map_cls.__init__).parameters
+    return VllmApi(
+        version=version,
+        profile=installed_profile(version),
+        manager_params=_params(manager_cls.__init__),
+        allocate_params=_params(manager_cls.allocate_slots),
+        hash_attr=hash_attr,
+        hash_tokens_attr=tokens,
+        map_holds_ids="blocks" in map_init,
+    )
+
+
+def _params(fn: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(p for p in inspect.signature(fn).parameters if p != "self")
+
+
+def split_computed(result: tuple[Any, ...]) -> tuple[Any, int]:
+    """``get_computed_blocks``'s blocks and hit length: it returns ``(blocks, hits)`` up to 0.25 and
+    ``(blocks, hits, shared_prefix_boundary)`` from 0.26 on."""
+    return result[0], int(result[1])
