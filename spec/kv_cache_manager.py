@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from spec import arith, block_pool, coordinator
 from spec.config import KVCacheConfig
 from spec.events import Event
-from spec.request import Request
+from spec.request import Request, get_prefix_cache_hit_limit
 from spec.slot_allocation import (
     adopt_computed_blocks,
     get_num_blocks_for_full_sequence,
@@ -69,8 +69,17 @@ def usage(state: KVCacheManagerState) -> float:
 
 
 def is_prefix_cache_lookup_enabled(state: KVCacheManagerState, request: Request) -> bool:
-    """vLLM 0.33 ``prefix_cache_lookup_enabled``: prompt-logprob requests never read the cache."""
-    return state.config.enable_caching and not request.skip_reading_prefix_cache
+    """vLLM 0.33/0.34 ``prefix_cache_lookup_enabled``: caching on and a hit limit other than 0
+    (``spec.request.get_prefix_cache_hit_limit``; prompt-logprob requests skip the cache)."""
+    return state.config.enable_caching and get_prefix_cache_hit_limit(request, state.config.profile) != 0
+
+
+def get_max_cache_hit_length(state: KVCacheManagerState, request: Request) -> int:
+    """vLLM 0.34 ``Request.get_max_cache_hit_length``: ``num_tokens - 1`` (one token is always
+    recomputed), tightened by the request's hit limit where it has one (0.34 on)."""
+    cap = arith.get_max_cache_hit_length(request.num_tokens)
+    limit = get_prefix_cache_hit_limit(request, state.config.profile)
+    return cap if limit is None else min(cap, limit)
 
 
 def get_computed_blocks(state: KVCacheManagerState, request: Request) -> ComputedBlocks:
@@ -82,7 +91,7 @@ def get_computed_blocks(state: KVCacheManagerState, request: Request) -> Compute
     empty = tuple(() for _ in state.config.groups)
     if not is_prefix_cache_lookup_enabled(state, request):
         return ComputedBlocks(empty, 0, 0)
-    cap = arith.get_max_cache_hit_length(request.num_tokens)
+    cap = get_max_cache_hit_length(state, request)
     blocks, hit, uncached = coordinator.find_longest_cache_hit(state, request.block_hashes, cap)
     return ComputedBlocks(blocks, hit, hit + uncached if uncached else 0)
 

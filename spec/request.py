@@ -15,6 +15,7 @@ from enum import Enum
 
 from spec.config import HashAlgo, KVCacheConfig
 from spec.hashing import HashFeatures, MMFeature, extend_block_hashes
+from spec.releases.profile import Profile
 from spec.types import BlockHash, RequestId, TokenCount
 
 PROCESS_HASH_SEED: str | None = os.environ.get("PYTHONHASHSEED")
@@ -47,6 +48,9 @@ class Request:
     hash_algo: HashAlgo
     hashing_enabled: bool  # vLLM installs the block hasher only when prefix caching is on
     num_in_flight_tokens: TokenCount = TokenCount(0)  # async scheduling only; always 0 here
+    # Prompt logprobs asked with cache reads allowed (``skip_reading_prefix_cache=False``), scored
+    # from this prompt row on; None: no such request (``get_prefix_cache_hit_limit``).
+    prompt_logprob_start: TokenCount | None = None
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
@@ -76,6 +80,7 @@ def make_request(
     cache_salt: str | None = None,
     prompt_embeds: Sequence[bytes] | None = None,
     skip_reading_prefix_cache: bool = False,
+    prompt_logprob_start: int | None = None,
 ) -> Request:
     """A new WAITING request with its full prompt blocks hashed (vLLM 0.33 ``Request.__init__``
     followed by the block hasher; EngineCore installs the hasher only when caching is on)."""
@@ -83,6 +88,8 @@ def make_request(
         raise ValueError(f"request {request_id!r}: a prompt needs at least one token")
     if any(not isinstance(t, int) or isinstance(t, bool) for t in prompt_token_ids):
         raise ValueError(f"request {request_id!r}: prompt token ids must be ints")
+    if prompt_logprob_start is not None and (skip_reading_prefix_cache or prompt_logprob_start < 0):
+        raise ValueError(f"request {request_id!r}: prompt_logprob_start needs cache reads allowed and a row >= 0")
     features = HashFeatures(
         lora=lora,
         mm_features=tuple(sorted(mm_features, key=lambda m: m.offset)),
@@ -102,6 +109,7 @@ def make_request(
         hash_block_size=config.hash_block_size,
         hash_algo=config.hash_algo,
         hashing_enabled=config.enable_caching,
+        prompt_logprob_start=None if prompt_logprob_start is None else TokenCount(prompt_logprob_start),
     )
     return _rehash(req)
 
@@ -138,3 +146,19 @@ def with_num_computed_tokens(req: Request, n: int) -> Request:
 
 def with_status(req: Request, status: RequestStatus) -> Request:
     return replace(req, status=status)
+
+
+def get_prefix_cache_hit_limit(request: Request, profile: Profile) -> int | None:
+    """How many leading tokens ``request`` may read from the prefix cache; None: no bound but the
+    usual ``num_tokens - 1``.  Models vLLM 0.34 ``Request.get_prefix_cache_hit_limit``.
+
+    A request that skips cache reads (prompt logprobs by default) gets 0 in every release.  Prompt
+    logprobs asked with cache reads allowed read the whole cache up to 0.33; from 0.34
+    (``profile.hit_limit_from_logprob_start``) they read it only up to their first scored row
+    (``prompt_logprob_start``, 0 when scoring starts at the first row: no cache read at all).
+    """
+    if request.skip_reading_prefix_cache:
+        return 0
+    if profile.hit_limit_from_logprob_start and request.prompt_logprob_start is not None:
+        return request.prompt_logprob_start
+    return None

@@ -39,6 +39,7 @@ class BookRequest:
     num_computed_tokens: int = 0
     num_in_flight_tokens: int = 0  # async scheduling: scheduled, output not yet processed
     status: str = RequestStatus.WAITING.value
+    prompt_logprob_start: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -62,6 +63,7 @@ def new_book_request(op: O.AddRequest) -> BookRequest:
         op.cache_salt,
         op.skip_reading_prefix_cache,
         op.prompt_embeds,
+        prompt_logprob_start=op.prompt_logprob_start,
     )
 
 

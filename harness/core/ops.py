@@ -39,6 +39,9 @@ class AddRequest:
     # The ``prompt_embeds`` tensor, one hex string per prompt position: the row's raw bytes
     # (``tensor_data(prompt_embeds[i])``, float32 little-endian), all rows of equal length.
     prompt_embeds: tuple[str, ...] | None = None
+    # Prompt logprobs asked with cache reads allowed, scored from this prompt row (vLLM 0.34
+    # ``SamplingParams.prompt_logprob_start``; 0.33 ignores it for caching and reads the whole cache).
+    prompt_logprob_start: int | None = None
     op: str = field(default="add_request", init=False)
 
     def prompt_embeds_rows(self) -> tuple[bytes, ...] | None:

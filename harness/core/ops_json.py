@@ -43,8 +43,8 @@ def op_to_json(op: Op) -> dict[str, Any]:
         if f.name == "op":
             continue
         value = getattr(op, f.name)
-        if f.name == "prompt_embeds" and value is None:
-            continue  # absent unless used: traces without embeddings read as before
+        if f.name in ("prompt_embeds", "prompt_logprob_start") and value is None:
+            continue  # absent unless used: traces without them read as before
         if f.name == "mm_features":
             value = [dataclasses.asdict(m) for m in value]
         elif isinstance(value, tuple):
@@ -157,12 +157,15 @@ _FIELD_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "prompt_embeds": _prompt_embeds,
     "status": lambda v, w: want_choice(v, w, REQUEST_STATUSES),
     "reserved_blocks": lambda v, w: want_int(v, w, 0, MAX_NUM_BLOCKS),
+    "prompt_logprob_start": lambda v, w: None if v is None else want_int(v, w, 0, MAX_TOKENS),
 }
 
 
 def _check_op(cls: type, kwargs: dict[str, Any], tag: str, where: str) -> None:
     """Checks across fields of one operation."""
     embeds = kwargs.get("prompt_embeds")
+    if cls is AddRequest and kwargs.get("prompt_logprob_start") is not None and kwargs.get("skip_reading_prefix_cache"):
+        raise TraceFormatError(f"{where}: {tag!r} sets prompt_logprob_start but skips reading the prefix cache")
     if cls is AddRequest and embeds is not None and len(embeds) != len(kwargs["prompt_token_ids"]):
         raise TraceFormatError(
             f"{where}: {tag!r} has {len(embeds)} prompt_embeds rows for {len(kwargs['prompt_token_ids'])} prompt tokens"

@@ -42,10 +42,19 @@ def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hit_cap_num_tokens(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def get_computed_blocks(self: Any, request: Any, max_cache_hit_length: int | None = None) -> Any:
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens  # BUG: vLLM 0.33 leaves one token to sample from
-        return orig(self, request, max_cache_hit_length)
+    def get_computed_blocks(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        coordinator = self.coordinator
+        find = coordinator.find_longest_cache_hit
+
+        def find_longer(block_hashes: Any, max_cache_hit_length: int, *rest: Any) -> Any:
+            return find(block_hashes, max_cache_hit_length + 1, *rest)  # BUG: no token left to sample from
+
+        # The cap is applied where the lookup is asked for, whichever release computed it.
+        coordinator.find_longest_cache_hit = find_longer
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            del coordinator.find_longest_cache_hit
 
     return get_computed_blocks
 

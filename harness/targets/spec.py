@@ -81,6 +81,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             cache_salt=r.cache_salt,
             prompt_embeds=None if r.prompt_embeds is None else tuple(bytes.fromhex(row) for row in r.prompt_embeds),
             skip_reading_prefix_cache=r.skip_reading_prefix_cache,
+            prompt_logprob_start=r.prompt_logprob_start,
         )
 
     def update_request(self, native: rq.Request, r: BookRequest, op: O.Op) -> rq.Request:

@@ -84,7 +84,9 @@ def _vllm() -> SimpleNamespace:
     # A refused reset_prefix_cache is a normal outcome here, not worth vLLM's warning per call.
     logging.getLogger("vllm").setLevel(logging.ERROR)
     try:
-        api = probe(version.__version__, KVCacheManager, kv_cache_utils.KVCacheBlock, BlockHashToBlockMap)
+        api = probe(
+            version.__version__, KVCacheManager, kv_cache_utils.KVCacheBlock, BlockHashToBlockMap, SamplingParams
+        )
     except UnknownRelease as e:
         raise VllmUnavailable(str(e)) from None
     _V = SimpleNamespace(
@@ -232,18 +234,24 @@ class VllmTarget(ManagerAdapter[Any]):
             # A pure-embeddings prompt reaches vLLM without token ids (all_token_ids become zeros).
             prompt_token_ids=None if embeds is not None and not any(r.prompt_token_ids) else list(r.prompt_token_ids),
             prompt_embeds=embeds,
-            # prompt_logprobs makes SamplingParams set skip_reading_prefix_cache (vLLM 0.33 __post_init__)
-            sampling_params=v.SamplingParams(max_tokens=16, prompt_logprobs=1 if r.skip_reading_prefix_cache else None),
+            sampling_params=self._sampling_params(r),
             pooling_params=None,
             mm_features=[_make_mm_feature(v, m) for m in r.mm_features] or None,
             lora_request=lora,
             cache_salt=r.cache_salt,
             block_hasher=self._block_hasher,
         )
-        if request.skip_reading_prefix_cache != r.skip_reading_prefix_cache:
-            raise AssertionError("vLLM did not derive skip_reading_prefix_cache from prompt_logprobs")
         self._remember_hashes(request.block_hashes)
         return request
+
+    def _sampling_params(self, r: BookRequest) -> Any:
+        """Prompt logprobs make ``SamplingParams`` skip prefix-cache reads by default (its
+        ``__post_init__``); a request that allows them says ``skip_reading_prefix_cache=False`` and
+        scores from ``prompt_logprob_start`` (passed to releases whose ``SamplingParams`` has it)."""
+        if r.prompt_logprob_start is None:
+            return self._v.SamplingParams(max_tokens=16, prompt_logprobs=1 if r.skip_reading_prefix_cache else None)
+        start = {"prompt_logprob_start": r.prompt_logprob_start} if self.api.logprob_start else {}
+        return self._v.SamplingParams(max_tokens=16, prompt_logprobs=1, skip_reading_prefix_cache=False, **start)
 
     def update_request(self, request: Any, r: BookRequest, op: Op) -> Any:
         """The scheduler's own change to the vLLM ``Request``."""

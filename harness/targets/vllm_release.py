@@ -44,6 +44,7 @@ class VllmApi:
     hash_attr: str  # KVCacheBlock attribute holding the map key
     hash_tokens_attr: str | None  # ... and the number of prefix tokens it covers (None: no such field)
     map_holds_ids: bool  # 0.34: BlockHashToBlockMap stores block ids (+ _dup_ids), not blocks
+    logprob_start: bool  # SamplingParams has prompt_logprob_start (0.33 on)
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
@@ -88,7 +89,7 @@ def installed_profile(version: str) -> Profile:
         ) from None
 
 
-def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any) -> VllmApi:
+def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling_cls: Any) -> VllmApi:
     """The ``VllmApi`` of the installed release (module docstring)."""
     slots = set(getattr(block_cls, "__slots__", ())) | set(getattr(block_cls, "__dataclass_fields__", {}))
     hash_attr = "_block_hash" if "_block_hash" in slots else "block_hash"
@@ -102,7 +103,13 @@ def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any) -> VllmA
         hash_attr=hash_attr,
         hash_tokens_attr=tokens,
         map_holds_ids="blocks" in map_init,
+        logprob_start="prompt_logprob_start" in _fields(sampling_cls),
     )
+
+
+def _fields(cls: Any) -> set[str]:
+    """The fields of a msgspec struct or dataclass (``SamplingParams`` has been both)."""
+    return set(getattr(cls, "__struct_fields__", ())) | set(getattr(cls, "__dataclass_fields__", {}))
 
 
 def _params(fn: Callable[..., Any]) -> frozenset[str]:

@@ -183,6 +183,7 @@ def model_config(config: KVCacheConfig, knobs: SchedKnobs) -> SchedConfig:
         connector=knobs.connector,
         single_group=len(config.groups) == 1,
         reserve_full_isl=True,  # vLLM 0.33's default scheduler_reserve_full_isl (the build keeps it)
+        profile=config.profile,
     )
 
 

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's real ``Scheduler`` on CPU, offline, built from a kvspec ``KVCacheConfig``.
+"""The installed vLLM's real ``Scheduler`` (0.33.0, 0.34.0) on CPU, offline, from a kvspec ``KVCacheConfig``.
 
 The model is a tiny Llama ``config.json`` written at run time into a temporary folder (no weights:
 ``ModelConfig`` only inspects the architecture), ``DeviceConfig(device="cpu")``, and the KV-cache
@@ -129,8 +129,8 @@ def build_vllm_config(config: KVCacheConfig, knobs: SchedKnobs) -> Any:
 
 
 def build_scheduler(config: KVCacheConfig, knobs: SchedKnobs) -> tuple[Any, KVCacheConfig]:
-    """(vLLM's real ``Scheduler``, the kvspec config of its ``KVCacheManager``).  Raises
-    ``Unsupported`` (with the reason) for a config the real scheduler cannot run here."""
+    """(vLLM's real ``Scheduler``, the kvspec config of its ``KVCacheManager`` under the installed
+    release's profile).  Raises ``Unsupported`` (with the reason) for a config it cannot run here."""
     why = supported(config)
     if why:
         raise Unsupported(why)
@@ -160,7 +160,8 @@ def build_scheduler(config: KVCacheConfig, knobs: SchedKnobs) -> tuple[Any, KVCa
         log_stats=False,
     )
     mift = TokenCount(int(vc.max_in_flight_tokens))
-    spec_config = dataclasses.replace(config, max_in_flight_tokens=mift).validate()
+    # The spec mirrors the installed release: its profile (``harness.targets.vllm_release``).
+    spec_config = dataclasses.replace(config, max_in_flight_tokens=mift, profile=v.api.profile).validate()
     return sched, spec_config
 
 
@@ -170,3 +171,12 @@ def block_hasher(config: KVCacheConfig) -> Any:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 
     return get_request_block_hasher(int(config.hash_block_size), sha256)
+
+
+def model_runner_output(cls: Any, req_ids: list[str], sampled: list[list[int]], kv_out: Any) -> Any:
+    """vLLM's ``ModelRunnerOutput`` for one step: up to 0.33 it also carries ``req_id_to_index``
+    (each request's row in ``sampled_token_ids``), which 0.34 derives from ``req_ids`` itself."""
+    extra = {}
+    if "req_id_to_index" in getattr(cls, "__dataclass_fields__", {}):
+        extra["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
+    return cls(req_ids=req_ids, sampled_token_ids=sampled, kv_connector_output=kv_out, **extra)

@@ -23,7 +23,7 @@ from math import lcm
 from typing import Any
 
 from harness.check.finding import Finding, FindingError
-from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler
+from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
 from harness.vllm_sched.proxy import LockstepSink, install
 from harness.world.choices import Choices
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
@@ -222,12 +222,7 @@ class Driver:
         kv_out = None
         if self.knobs.connector:
             kv_out = self._connector_output(out, world, KVConnectorOutput, RequestStatus)
-        mro = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            kv_connector_output=kv_out,
-        )
+        mro = model_runner_output(ModelRunnerOutput, req_ids, sampled, kv_out)
         if self.world is None:
             sched.update_from_output(out, mro)
         else:  # recording: how many sampled tokens each request kept (a stop drops the rest)

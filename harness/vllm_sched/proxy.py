@@ -70,8 +70,20 @@ def add_request_op(request: Any) -> O.AddRequest:
         lora=None if lora is None else (lora.lora_name, lora.lora_path),
         mm_features=_features(request),
         cache_salt=request.cache_salt,
-        skip_reading_prefix_cache=bool(request.skip_reading_prefix_cache),
+        **_cache_reads(request),
     )
+
+
+def _cache_reads(request: Any) -> dict[str, Any]:
+    """How a real request may read the prefix cache, in ``AddRequest``'s fields: vLLM up to 0.33
+    keeps ``skip_reading_prefix_cache``; 0.34 keeps ``prefix_cache_hit_limit`` instead (0: no read,
+    k: up to the prompt-logprob row k, None: unbounded)."""
+    if hasattr(request, "skip_reading_prefix_cache"):
+        return {"skip_reading_prefix_cache": bool(request.skip_reading_prefix_cache)}
+    limit = request.prefix_cache_hit_limit
+    if limit == 0:
+        return {"skip_reading_prefix_cache": True}
+    return {"prompt_logprob_start": limit}
 
 
 class ManagerProxy:

@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.core import ops as O
 from harness.core.book import BookRequest, apply_request_op
+from spec.releases.profile import BASE, Profile
 from spec.request import RequestStatus
 
 
@@ -40,6 +41,8 @@ class SchedConfig:
     encoder_decoder: bool = False
     # Requests may carry prompt embeddings instead of token ids (the workload's choice).
     prompt_embeds: bool = False
+    # The release modelled (``spec.releases``): the config's profile.
+    profile: Profile = BASE
 
 
 @dataclass

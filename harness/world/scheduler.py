@@ -89,6 +89,14 @@ class Scheduler:
         self._next_id += 1
         return f"r{self._next_id}"
 
+    def reads_external_kv(self, r: SReq) -> bool:
+        """Whether the connector is asked for ``r``'s KV: not when it skips prefix-cache reads (0.33
+        ``Scheduler.schedule``), nor, from 0.34 (``Request.skip_reading_external_kv``), when its reads
+        are bounded by a hit limit (``spec.request.get_prefix_cache_hit_limit``)."""
+        if r.skip_reading_prefix_cache:
+            return False
+        return not (self.cfg.profile.hit_limit_from_logprob_start and r.prompt_logprob_start is not None)
+
     def add_request(self, op: O.AddRequest) -> None:
         """vLLM ``add_request``: the engine builds the Request (hashing its prompt) and queues it."""
         self.emit(op)
@@ -263,7 +271,7 @@ class Scheduler:
                 looked_up = True
                 local = hit["num_hit_tokens"]
                 self.counts["prefix_hit" if local else "prefix_miss"] += 1
-                if cfg.connector and not r.skip_reading_prefix_cache:
+                if cfg.connector and self.reads_external_kv(r):
                     ext, load_async = self.transfers.ask_connector(r, local, self.ch)
                 num_computed = local + ext
             else:

@@ -121,6 +121,7 @@ def _draw_base_sched_config(ch: Choices, config: KVCacheConfig) -> SchedConfig:
         connector=ch.boolean("connector"),
         reserve_full_isl=ch.integer(0, 3, "reserve_full_isl?") == 0,
         single_group=len(config.groups) == 1,
+        profile=config.profile,
     )
 
 
@@ -205,16 +206,26 @@ class Workload:
             self.counts["feature_prompt_embeds"] += 1
         if self.sched.cfg.encoder_decoder:
             mm = (self.encoder_input(ch),)
+        start = self.prompt_logprob_start(ch, len(prompt)) if features == 4 else None
         op = O.AddRequest(
             self.sched.new_request_id(),
             prompt,
             lora=lora,
             mm_features=mm,
             cache_salt=cache_salt,
-            skip_reading_prefix_cache=features == 4,  # prompt logprobs: never reads the prefix cache
+            skip_reading_prefix_cache=features == 4 and start is None,
+            prompt_logprob_start=start,
             prompt_embeds=embeds,
         )
         self.sched.add_request(op)
+
+    def prompt_logprob_start(self, ch: Choices, prompt_len: int) -> int | None:
+        """A prompt-logprob request: by default it skips the prefix cache (None); a third of them allow
+        cache reads and score from a drawn row (vLLM 0.34 bounds their hit there, 0.33 reads it all)."""
+        if ch.integer(0, 2, "logprob_reads_cache") != 2:
+            return None
+        self.counts["feature_prompt_logprob_start"] += 1
+        return ch.integer(0, prompt_len, "prompt_logprob_start", boundary=self.config.scheduler_block_size)
 
     def encoder_input(self, ch: Choices) -> O.MMFeatureSpec:
         """An encoder-decoder request's encoder input (e.g. Whisper's audio): one item at position

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from spec.invariants.registry import SPEC_INVARIANTS, StepContext
+from spec.kv_cache_manager import get_max_cache_hit_length, is_prefix_cache_lookup_enabled
 from spec.linked_queue import queue_push
 from spec.persistent import vec_changed, vec_set
 from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
@@ -48,7 +49,7 @@ def full_attention_hit_is_maximal(s: StepContext) -> str | None:
         return None
     req = s.request
     assert req is not None
-    if not config.enable_caching or req.skip_reading_prefix_cache:
+    if not is_prefix_cache_lookup_enabled(s.before, req):
         return None if s.outcome.num_hit_tokens == 0 else "hit with lookup disabled"
     bs = config.groups[0].block_size
     blocks = s.outcome.blocks[0]
@@ -57,7 +58,7 @@ def full_attention_hit_is_maximal(s: StepContext) -> str | None:
         if not holders or holders[0] != b:
             return f"hit block {i} is {b}, but the oldest block under the request's hash {i} is {holders[:1]}"
     n = len(blocks)
-    cap_blocks = max(0, req.num_tokens - 1) // bs
+    cap_blocks = max(0, get_max_cache_hit_length(s.before, req)) // bs
     if n < cap_blocks and make_block_key(req.block_hashes[n], GroupId(0)) in s.before.pool.cached:
         return f"hit stops at {n} blocks although block {n} is cached and the cap allows {cap_blocks}"
     return None

@@ -34,6 +34,7 @@ class Profile:
     changes: tuple[str, ...] = field(default=(), compare=False)  # the changes applied to the base reading
     # --- knobs (0.33.0 values) ---
     free_order: FreeOrder = "split"
+    hit_limit_from_logprob_start: bool = False  # 0.34: prompt logprobs bound the hit at their first row
 
     def knobs(self) -> dict[str, object]:
         """The knob values only (what decides behaviour)."""

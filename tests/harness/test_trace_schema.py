@@ -400,6 +400,7 @@ def test_every_operation_field_has_a_parser() -> None:
         O.AddRequest(
             "r1", (1, 2), ("sql", "/p"), (O.MMFeatureSpec("img", 0, 1),), "salt", True, ("00000000", "00000000")
         ),
+        O.AddRequest("r2", (1, 2), prompt_logprob_start=1),
         O.AppendOutputTokens("r1", (3,)),
         O.SetSpecTokens("r1", (4,)),
         O.SetNumComputedTokens("r1", 2),
@@ -633,6 +634,7 @@ FIELD_TYPES: dict[str, Callable[[Any], bool]] = {
         )
     ),
     "str | None": lambda v: _is_opt(v, lambda x: type(x) is str),
+    "int | None": lambda v: _is_opt(v, _is_int),
     "tuple[str, ...] | None": lambda v: _is_opt(v, lambda x: type(x) is tuple and all(type(r) is str for r in x)),
 }
 
