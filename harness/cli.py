@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False
     )
+    sub.add_parser(
+        "releases", help="the vLLM releases kvspec models; `releases diff OLD NEW` (docs/releases.md)", add_help=False
+    )
     from harness.campaign import add_parser as add_mutants_parser
 
     add_mutants_parser(sub)
@@ -126,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(prove_main(argv[1:]) or 0)
     if argv and argv[0] == "pd":
         return pd_cmd(argv[1:])
+    if argv and argv[0] == "releases":
+        from harness.releases.cli import releases_main
+
+        return releases_main(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
