@@ -39,7 +39,7 @@ from harness.ledger.finding import LedgerFinding
 from harness.ledger.known_bugs import KnownBug, match_known_bug
 from harness.ledger.known_bugs import strict_known as is_strict_known
 from harness.targets import outcome_schema as S
-from harness.targets.base import Target
+from harness.targets.base import Target, bind_release
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig
 from spec.invariants import StepContext, Violation, check_invariants, check_step
@@ -73,7 +73,7 @@ class Lockstep:
         memory_mb: float | None = None,
         full_check_every: int | None = None,
     ) -> None:
-        self.config = config
+        self.config = config = bind_release(config, target)  # both sides model the target's release
         self.target = target
         self.relation = get_relation(relation)
         self.step_timeout = step_timeout

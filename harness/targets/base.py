@@ -57,9 +57,16 @@ class Target(Protocol):
 
 
 def get_target_profile(target: object) -> Profile | None:
-    """The release a target models (its ``profile`` attribute), None for a target that follows the config."""
-    profile = getattr(target, "profile", None)
-    return profile if isinstance(profile, Profile) else None
+    """The release a target models (its ``profile`` attribute, or that of the target a wrapper holds
+    as ``inner``: the KV-content oracle, the ledger), None for a target that follows the config."""
+    for _ in range(8):  # wrappers of wrappers, not a cycle
+        profile = getattr(target, "profile", None)
+        if isinstance(profile, Profile):
+            return profile
+        target = getattr(target, "inner", None)
+        if target is None:
+            break
+    return None
 
 
 def bind_release(config: KVCacheConfig, target: object) -> KVCacheConfig:

@@ -42,7 +42,7 @@ from harness.core.ops import (
     SetStatus,
 )
 from harness.targets.adapter import ManagerAdapter
-from harness.targets.base import Unsupported
+from harness.targets.base import Unsupported, bind_release
 from harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
 from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, split_computed
 from spec.config import AttentionSpec, KVCacheConfig
@@ -167,7 +167,10 @@ class VllmTarget(ManagerAdapter[Any]):
     # -- build --
 
     def build(self, config: KVCacheConfig) -> None:
-        """A fresh vLLM ``KVCacheManager`` for ``config``, with ``NONE_HASH`` seeded for its hash algo."""
+        """A fresh vLLM ``KVCacheManager`` for ``config``, with ``NONE_HASH`` seeded for its hash algo.
+        A config of another release runs under the installed one (``bind_release``); a what-if
+        profile no release has is ``Unsupported``."""
+        config = bind_release(config, self)
         if config.profile != self.profile:
             release, asked = self.profile.name, config.profile.name
             raise Unsupported(f"vLLM {self.api.version} follows profile {release!r}, not {asked!r}")

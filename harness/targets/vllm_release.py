@@ -44,7 +44,7 @@ class VllmApi:
     hash_attr: str  # KVCacheBlock attribute holding the map key
     hash_tokens_attr: str | None  # ... and the number of prefix tokens it covers (None: no such field)
     map_holds_ids: bool  # 0.34: BlockHashToBlockMap stores block ids (+ _dup_ids), not blocks
-    logprob_start: bool  # SamplingParams has prompt_logprob_start (0.33 on)
+    logprob_start: bool  # SamplingParams has prompt_logprob_start (0.31 on)
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may

@@ -31,7 +31,7 @@ from harness.core.ops import (  # noqa: E402
 from harness.targets.base import Target, Unsupported  # noqa: E402
 from harness.targets.vllm import VllmTarget  # noqa: E402
 from spec.config import KVCacheConfig, full_attention, sliding_window  # noqa: E402
-from spec.releases.line import FREE_ORDER_0_20
+from spec.releases.line import FREE_ORDER_0_20, RELEASES  # noqa: E402
 from spec.types import make_block_key  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -72,7 +72,8 @@ def decode(t: VllmTarget, rid: str, token: int, num_tokens_after: int) -> dict |
 def test_protocol_and_version(target: VllmTarget) -> None:
     assert isinstance(target, Target)
     assert target.name == "vllm"
-    assert target.version.startswith("vllm 0.33.0 (g")
+    assert target.profile.release in RELEASES
+    assert target.version.startswith(f"vllm {target.profile.release} (g")
 
 
 def test_other_profile_is_unsupported(target: VllmTarget) -> None:
