@@ -12,6 +12,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+# Triton chooses its interpreter once, when it is first imported, and vLLM imports it too: the
+# choice is made here, before any test module runs, so tests/impl/test_triton_interpreter.py gets
+# the interpreter whichever module a worker ran first.  (With CUDA the compiled kernel is tested.)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def is_full_tier() -> bool:
