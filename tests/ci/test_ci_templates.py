@@ -18,6 +18,8 @@ import pytest
 import yaml
 from ci_helpers import REPO, VENV_BIN, env
 
+from spec.releases.line import RELEASES
+
 TEMPLATES = REPO / "ci" / "templates"
 GITHUB = TEMPLATES / "github-kvspec.yml"
 GITLAB = TEMPLATES / "gitlab-kvspec.yml"
@@ -112,6 +114,20 @@ def test_the_templates_hold_kvspec_commands():
     assert len(gl["kvspec:merge-request"]) == 2 and len(gl["kvspec:nightly"]) == 2, gl
     for block in [*sum(gh.values(), []), *sum(gl.values(), [])]:
         assert "${{" not in block, "run blocks must be plain shell"
+
+
+def test_the_release_matrix_is_every_release_kvspec_models():
+    """Both templates' nightly release matrix (and ``ci/setup --list-vllm``) list exactly the releases
+    of ``spec.releases.line.RELEASES``: adding a release there without the matrix fails here."""
+    gh = yaml.safe_load(GITHUB.read_text())["jobs"]["vllm-releases"]
+    gl = yaml.safe_load(GITLAB.read_text())["kvspec:vllm-releases"]
+    assert tuple(gh["strategy"]["matrix"]["vllm"]) == RELEASES
+    assert tuple(gl["parallel"]["matrix"][0]["KVSPEC_VLLM"]) == RELEASES
+    listed = subprocess.run(["bash", "ci/setup", "--list-vllm"], capture_output=True, text=True, check=True, cwd=REPO)
+    assert tuple(listed.stdout.split()) == RELEASES
+    for lines in ("\n".join(s.get("run", "") for s in gh["steps"]), "\n".join(gl["script"])):
+        assert 'ci/setup --vllm="$KVSPEC_VLLM"' in lines and "kvspec fuzz --target vllm --family all" in lines
+        assert "${{" not in lines, "run blocks must be plain shell"
 
 
 def test_github_pull_request_commands_run(tmp_path):
