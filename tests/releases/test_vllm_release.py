@@ -1,0 +1,116 @@
+"""The vllm target's release probe (harness/targets/vllm_release.py), without vLLM: the shapes it
+reads, and what it says about a release kvspec does not model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from harness.targets.vllm_release import (
+    ANY,
+    ASSUME_ENV,
+    ReleaseMismatch,
+    installed_profile,
+    probe,
+    split_computed,
+)
+from spec.releases.line import UnknownRelease, profile_for
+
+
+@dataclass(slots=True)
+class Block033:  # up to 0.33: private hash fields behind properties
+    block_id: int
+    _block_hash: bytes | None = None
+    _block_hash_num_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Block034:  # 0.34: plain fields
+    block_id: int
+    block_hash: bytes | None = None
+    block_hash_num_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Block023:  # 0.23: no partial keys, so no token count
+    block_id: int
+    _block_hash: bytes | None = None
+
+
+class Map033:
+    def __init__(self) -> None: ...
+
+
+class Map034:
+    def __init__(self, blocks: list[object]) -> None: ...
+
+
+class Manager:
+    def __init__(self, kv_cache_config: object, max_model_len: int, max_num_batched_tokens: int = 0) -> None: ...
+
+    def allocate_slots(self, request: object, num_new_tokens: int, reserved_blocks: int = 0) -> None: ...
+
+
+@dataclass
+class Sampling033:
+    prompt_logprobs: int | None = None
+
+
+@dataclass
+class Sampling034:
+    prompt_logprobs: int | None = None
+    prompt_logprob_start: int | None = None
+
+
+def test_probe_reads_each_release_shape() -> None:
+    old = probe("0.33.0", Manager, Block033, Map033, Sampling033)
+    new = probe("0.34.0", Manager, Block034, Map034, Sampling034)
+    oldest = probe("0.23.0", Manager, Block023, Map033, Sampling033)
+    assert (old.hash_attr, old.hash_tokens_attr, old.map_holds_ids, old.logprob_start) == (
+        "_block_hash",
+        "_block_hash_num_tokens",
+        False,
+        False,
+    )
+    assert (new.hash_attr, new.hash_tokens_attr, new.map_holds_ids, new.logprob_start) == (
+        "block_hash",
+        "block_hash_num_tokens",
+        True,
+        True,
+    )
+    assert oldest.hash_tokens_attr is None
+    assert new.profile == profile_for("0.34.0") and old.profile == profile_for("0.33.0")
+    assert old.manager_params == {"kv_cache_config", "max_model_len", "max_num_batched_tokens"}
+
+
+def test_keywords_a_release_lacks_pass_only_at_their_default() -> None:
+    api = probe("0.33.0", Manager, Block033, Map033, Sampling033)
+    wanted = {"max_model_len": 8, "watermark": 0.0, "max_in_flight_tokens": None}
+    defaults = {"watermark": 0.0, "max_in_flight_tokens": None}
+    assert api.manager_kwargs(wanted, defaults) == {"max_model_len": 8}
+    with pytest.raises(ReleaseMismatch, match="has no 'watermark'"):
+        api.manager_kwargs({**wanted, "watermark": 0.25}, defaults)
+    with pytest.raises(ReleaseMismatch, match="has no 'full_sequence_must_fit'"):
+        api.allocate_kwargs({"full_sequence_must_fit": True}, {})
+    assert api.allocate_kwargs({"has_scheduled_reqs": False, "reserved_blocks": 2}, {"has_scheduled_reqs": ANY}) == {
+        "reserved_blocks": 2
+    }
+
+
+def test_get_computed_blocks_arity() -> None:
+    assert split_computed(("blocks", 4)) == ("blocks", 4)
+    assert split_computed(("blocks", 4, 0)) == ("blocks", 4)
+
+
+def test_an_unknown_release_is_refused_with_the_way_to_check_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ASSUME_ENV, raising=False)
+    with pytest.raises(UnknownRelease) as e:
+        installed_profile("0.35.0")
+    assert "nearest: 0.34.0" in str(e.value)
+    assert f"{ASSUME_ENV}=<release> kvspec fuzz --target vllm --relation invariants" in str(e.value)
+    monkeypatch.setenv(ASSUME_ENV, "0.34.0")
+    assert installed_profile("0.35.0") == profile_for("0.34.0")
+    monkeypatch.setenv(ASSUME_ENV, "0.99.0")
+    with pytest.raises(UnknownRelease):
+        installed_profile("0.35.0")
