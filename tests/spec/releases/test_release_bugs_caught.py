@@ -4,8 +4,8 @@ The profiles reproduce what each release did, bugs included (so the exact compar
 the real release); the checks that do not depend on profiles (the KV ledger, the spec invariants)
 must then report the bug.  Each test plays the scenario on the spec under the buggy release's
 profile as the target (the reference runs the same profile), and under the fixed release, which
-must run clean.  The outcomes were checked against real vLLM 0.25.1 / 0.26.0 and 0.28.0 / 0.29.0
-with the vllm target (the same findings, or none, there).
+must run clean.  The outcomes were checked against real vLLM 0.23.0 / 0.24.0, 0.25.1 / 0.26.0 and
+0.28.0 / 0.29.0 with the vllm target (the same outcomes and findings, or none, there).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from release_helpers import admit, running
+from release_helpers import admit, running, tokens
 
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
@@ -100,3 +100,34 @@ def test_untrimmed_second_full_group_is_an_invariant_finding(release: str, caugh
     assert "lookup_is_pure_and_bounded" in finding.message and "group 1 returned 4 blocks for a 24-token hit" in (
         finding.message
     )
+
+
+@pytest.mark.parametrize("release, caught", [("0.23.0", True), ("0.24.0", False)])
+def test_hit_popped_by_another_group_is_an_invariant_finding(release: str, caught: bool) -> None:
+    """vLLM 0.23.0 (Change ``two_phase_external_allocation``, vLLM issue #33775): group 0 takes its
+    external block from the free queue before group 1 touched its hits, pops group 1's hit block 6
+    and both tables hold it; the spec invariant ``one_group_per_block`` reports the admission."""
+    config = KVCacheConfig(BlockCount(13), (full_attention(4), full_attention(8)), TokenCount(64))
+    ops = [
+        *admit("A", tokens(16)),
+        *running("A", 16),
+        *admit("D", tokens(16, 100)),
+        *running("D", 16),
+        O.Free("A"),
+        O.Free("D"),
+        O.AddRequest("B", tokens(16) + tokens(9, 200)),
+        O.GetComputedBlocks("B"),
+        O.AllocateSlots("B", 0, 16, use_computed_blocks=True, num_external_computed_tokens=4, delay_cache_blocks=True),
+        *running("B", 20),
+        O.CacheBlocks("B", 20),
+        O.AllocateSlots("B", 5),
+        O.SetNumComputedTokens("B", 25),
+    ]
+    found = _play(config, release, ops)
+    if not caught:
+        assert found is None
+        return
+    assert found is not None
+    i, finding = found
+    assert i == 14 and finding.kind == "reference-invariant"
+    assert "one_group_per_block" in finding.message and "block 6 is referenced from groups [0, 1]" in finding.message
