@@ -134,6 +134,13 @@ class KVCacheConfig:
                 raise ConfigError(
                     f"groups[{gid}]: block_size {g.block_size} is not a multiple of hash_block_size {hbs}"
                 )
+        if self.enable_caching and len(self.groups) > 1 and not self.profile.hybrid_single_spec_group:
+            # vLLM before 0.29 (Change hybrid_allows_single_cacheable_spec_group): the hybrid
+            # coordinator asserts that its groups have at least two distinct specs.
+            if len({g.manager_key for g in self.groups if g.is_prefix_cacheable}) < 2:
+                raise ConfigError(
+                    f"vLLM {self.profile.release} cannot build a hybrid coordinator whose groups all share one spec"
+                )
         if self.enable_caching and len(self.groups) == 1 and hbs != self.groups[0].block_size:
             # vLLM 0.33 UnitaryKVCacheCoordinator asserts hash_block_size == block_size.
             raise ConfigError(

@@ -14,6 +14,7 @@ from typing import Literal
 
 from spec import arith, managers
 from spec.config import AttentionSpec, KVCacheConfig
+from spec.releases.profile import ExternalAllocation, HybridHitTrim
 from spec.request import Request
 from spec.state import KVCacheManagerState
 from spec.types import BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
@@ -60,7 +61,11 @@ SearchFn = Callable[[SpecGroup, int], tuple[GroupBlockIds, int]]
 
 
 def find_longest_cache_hit_hybrid(
-    spec_groups: Sequence[SpecGroup], num_groups: int, max_cache_hit_length: int, search: SearchFn
+    spec_groups: Sequence[SpecGroup],
+    num_groups: int,
+    max_cache_hit_length: int,
+    search: SearchFn,
+    trim: HybridHitTrim = "every_full_group",
 ) -> tuple[GroupBlockIds, int, int]:
     """vLLM 0.33 ``HybridKVCacheCoordinator.find_longest_cache_hit``: a fixed point.
 
@@ -69,8 +74,9 @@ def find_longest_cache_hit_hybrid(
     downward closed) and afterwards only clamps; any other kind is searched again at every
     candidate, because a sliding-window hit is not monotone in the length.  Repeat until a round
     leaves the length unchanged; with exactly one full-attention and one other spec group, one
-    reduction suffices.  Full-attention lists are then cut to the final length.  Returns the
-    per-group hits, the length, and how much longer the longest single-group hit was.
+    reduction suffices.  Full-attention lists are then cut to the final length (``trim``:
+    ``get_trimmed_spec_groups``).  Returns the per-group hits, the length, and how much longer the
+    longest single-group hit was.
     """
     hit_length = max_cache_hit_length
     longest = 0
@@ -94,15 +100,23 @@ def find_longest_cache_hit_hybrid(
         hit_length = current
         if is_simple:
             break
-    for sg in spec_groups:
-        if sg.spec.kind != "full":
-            continue
+    for sg in get_trimmed_spec_groups(spec_groups, trim):
         num_blocks = arith.cdiv(hit_length, sg.spec.block_size)
         for gid in sg.group_ids:
             kept = hits[gid]
             if kept is not None:
                 hits[gid] = kept[:num_blocks]
     return tuple(h if h is not None else () for h in hits), hit_length, longest - hit_length
+
+
+def get_trimmed_spec_groups(spec_groups: Sequence[SpecGroup], trim: HybridHitTrim) -> Sequence[SpecGroup]:
+    """The full-attention spec groups a hybrid lookup cuts to the final hit length: every one from
+    vLLM 0.29 on; before (``Profile.hybrid_hit_trim == "first_group"``, Change
+    ``hybrid_lookup_truncates_every_full_attention_group``) only the first spec group, when it is
+    full attention, so a second full-attention spec group keeps the blocks of its first search."""
+    if trim == "first_group":
+        return spec_groups[:1] if spec_groups and spec_groups[0].spec.kind == "full" else ()
+    return [sg for sg in spec_groups if sg.spec.kind == "full"]
 
 
 def find_longest_cache_hit(
@@ -122,7 +136,9 @@ def find_longest_cache_hit(
     if kind == "unitary":
         found, length = search(SpecGroup(config.groups[0], (GroupId(0),)), max_cache_hit_length)
         return found, length, 0
-    return find_longest_cache_hit_hybrid(get_spec_groups(config), num_groups, max_cache_hit_length, search)
+    return find_longest_cache_hit_hybrid(
+        get_spec_groups(config), num_groups, max_cache_hit_length, search, config.profile.hybrid_hit_trim
+    )
 
 
 def get_num_blocks_to_allocate(
@@ -166,17 +182,28 @@ def allocate_new_computed_blocks(
     if any(request_id in state.groups[gid].num_cached_block for gid in groups):
         assert all(not hits for hits in new_computed_blocks), "a running request cannot adopt new prefix hits"
         return state
-    for gid in groups:
-        hits = new_computed_blocks[gid] if new_computed_blocks else ()
-        state = managers.add_local_computed_blocks(
-            state, GroupId(gid), request_id, hits, num_local_computed_tokens, num_external_computed_tokens
-        )
-    if num_external_computed_tokens > 0:
-        for gid in groups:
-            state = managers.allocate_external_computed_blocks(
-                state, GroupId(gid), request_id, num_local_computed_tokens, num_external_computed_tokens
+    for phase in get_adoption_phases(len(state.config.groups), state.config.profile.external_allocation):
+        for gid in phase:
+            hits = new_computed_blocks[gid] if new_computed_blocks else ()
+            state = managers.add_local_computed_blocks(
+                state, GroupId(gid), request_id, hits, num_local_computed_tokens, num_external_computed_tokens
             )
+        if num_external_computed_tokens > 0:
+            for gid in phase:
+                state = managers.allocate_external_computed_blocks(
+                    state, GroupId(gid), request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
     return state
+
+
+def get_adoption_phases(num_groups: int, rule: ExternalAllocation) -> tuple[range, ...]:
+    """The groups that adopt their hits before any of them allocates external blocks: all of them
+    at once from vLLM 0.24 on; in 0.23 (``Profile.external_allocation == "per_group"``, Change
+    ``two_phase_external_allocation``) one group at a time, so a group's fresh external blocks can
+    be a later group's hit not yet touched."""
+    if rule == "per_group":
+        return tuple(range(g, g + 1) for g in range(num_groups))
+    return (range(num_groups),)
 
 
 def allocate_new_blocks(

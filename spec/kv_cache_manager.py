@@ -28,10 +28,10 @@ from spec.slot_allocation import (
     adopt_computed_blocks,
     get_num_blocks_for_full_sequence,
     get_num_blocks_to_allocate,
-    get_num_processed_tokens,
     get_watermark_blocks,
+    get_window_basis_tokens,
     has_free_blocks,
-    is_empty_allocation,
+    is_empty_allocation_for,
     verify_non_negative_counts,
 )
 from spec.state import KVCacheManagerState, init_state, with_pool
@@ -140,7 +140,7 @@ def allocate_slots(
         },
     )
     # 1. Nothing to allocate and nothing to adopt (vLLM 0.33 raises).
-    if is_empty_allocation(num_new_tokens, num_new_computed_tokens, num_external_computed_tokens):
+    if is_empty_allocation_for(state.config, num_new_tokens, num_new_computed_tokens, num_external_computed_tokens):
         raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
     hits = get_hit_blocks(state.config, new_computed_blocks)
     # 2. Token counts of the layout, with the two max_model_len clamps.
@@ -160,7 +160,7 @@ def allocate_slots(
         if not has_free_blocks(state, need_full + watermark):
             return state, None
     # 5. Free blocks out of the window before counting (fewer evictions); survives a None.
-    processed = get_num_processed_tokens(request, t)
+    processed = get_window_basis_tokens(state.config, request, t)
     state = coordinator.remove_skipped_blocks(state, request.request_id, processed)
     # 6. Predict the blocks this call takes from the free queue.
     need = get_num_blocks_to_allocate(state, request, hits, num_encoder_tokens, t)

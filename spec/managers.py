@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from spec import arith
 from spec.block_pool import cache_full_blocks, cache_partial_block, free_blocks, get_cached_block, get_new_blocks, touch
 from spec.config import AttentionSpec
+from spec.releases.profile import PartialTailBoundary
 from spec.request import Request
 from spec.state import (
     KVCacheManagerState,
@@ -350,6 +351,8 @@ def _cache_full_blocks(
     num_full = arith.get_num_full_blocks_to_cache(
         num_tokens, len(request.block_hashes), state.config.hash_block_size, spec.block_size
     )
+    if state.config.profile.cache_past_hashes == "raise":
+        verify_hashes_cover(num_cached, arith.floordiv(num_tokens, spec.block_size), num_full)
     if num_cached >= num_full:
         return state
     table = get_table(state, gid, rid)
@@ -361,10 +364,25 @@ def _cache_full_blocks(
     return with_num_cached_block(with_pool(state, pool), gid, rid, num_full)
 
 
-def get_partial_tail_boundary(request: Request, hash_block_size: int) -> int:
+def verify_hashes_cover(num_cached: int, num_full: int, num_hashed: int) -> None:
+    """Before vLLM 0.33 (``Profile.cache_past_hashes == "raise"``, Change
+    ``cache_full_blocks_capped_by_hashes``) ``cache_blocks`` did not stop at the hashed blocks:
+    asking for a new full block past them failed in ``BlockPool.cache_full_blocks`` (the scheduler
+    never asks it; the spec refuses the call the same way)."""
+    if num_cached < num_full and num_full > num_hashed:
+        raise IndexError(f"cache_blocks: {num_full} full blocks asked, hashes cover {num_hashed} (vLLM < 0.33)")
+
+
+def get_partial_tail_boundary(request: Request, hash_block_size: int, rule: PartialTailBoundary) -> int:
     """vLLM 0.33 ``FullAttentionManager._cache_partial_tail_block``: the last hash boundary a
-    resend of this prompt could hit, ``num_prompt_tokens - 1`` rounded down to hash blocks."""
-    limit = request.num_prompt_tokens - 1
+    resend of this prompt could hit, ``num_prompt_tokens - 1`` rounded down to hash blocks.
+
+    ``rule`` is the release's ``Profile.partial_tail_boundary``: vLLM 0.26 to 0.31 round
+    ``num_prompt_tokens`` itself down (Change ``full_attention_partial_tail_entry``; 0.32 Change
+    ``partial_tail_boundary_prompt_minus_one``); before 0.26 there is no partial entry (0)."""
+    if rule == "none":
+        return 0
+    limit = request.num_prompt_tokens - 1 if rule == "prompt_minus_one" else request.num_prompt_tokens
     return min(arith.floordiv(limit, hash_block_size), len(request.block_hashes)) * hash_block_size
 
 
@@ -375,7 +393,7 @@ def cache_partial_tail_block(
     inside a block of this group, publish it as a partial entry of that block."""
     spec = state.config.groups[gid]
     hbs = state.config.hash_block_size
-    boundary = get_partial_tail_boundary(request, hbs)
+    boundary = get_partial_tail_boundary(request, hbs, state.config.profile.partial_tail_boundary)
     if boundary == 0 or boundary > num_tokens or boundary % spec.block_size == 0:
         return state
     table = get_table(state, gid, request.request_id)

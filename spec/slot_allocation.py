@@ -70,6 +70,27 @@ def get_num_processed_tokens(request: Request, t: arith.SlotTargets) -> int:
     return max(0, t.total_computed_tokens - request.num_in_flight_tokens)
 
 
+def get_window_basis_tokens(config: KVCacheConfig, request: Request, t: arith.SlotTargets) -> int:
+    """Step 5 under the config's release: the processed count from vLLM 0.26 on.  Before 0.26
+    (``Profile.window_free_basis == "computed"``, Change ``remove_skipped_blocks_on_processed_tokens``)
+    there is no in-flight count and the window is measured on the whole computed total, which frees
+    blocks an in-flight step may still need."""
+    if config.profile.window_free_basis == "computed":
+        return t.total_computed_tokens
+    return get_num_processed_tokens(request, t)
+
+
+def is_empty_allocation_for(
+    config: KVCacheConfig, num_new_tokens: int, num_new_computed_tokens: int, num_external_computed_tokens: int
+) -> bool:
+    """Step 1 under the config's release: before 0.31 (``Profile.allocate_adopt_only`` False, Change
+    ``allocate_slots_zero_new_tokens_with_hits``) a call with no new and no external tokens is
+    rejected even when it would adopt prefix hits."""
+    if not config.profile.allocate_adopt_only:
+        return num_new_tokens == 0 and num_external_computed_tokens == 0
+    return is_empty_allocation(num_new_tokens, num_new_computed_tokens, num_external_computed_tokens)
+
+
 def get_num_blocks_to_allocate(
     state: KVCacheManagerState, request: Request, hits: GroupBlockIds, num_encoder_tokens: int, t: arith.SlotTargets
 ) -> int:

@@ -153,6 +153,23 @@ def _hybrid_diff(draw: st.DrawFn) -> KVCacheConfig:
     )
 
 
+@family("hybrid_two_full")
+@st.composite
+def _hybrid_two_full(draw: st.DrawFn) -> KVCacheConfig:
+    """Two full-attention groups of different block sizes (two spec groups) and a sliding-window
+    group: the hybrid lookup's fixed point with more than one full-attention spec group."""
+    small = draw(st.sampled_from([1, 2]))
+    big = small * draw(st.sampled_from([2, 4]))
+    fulls = (full_attention(small), full_attention(big))
+    swa_bs = draw(st.sampled_from([small, big]))
+    window = draw(near_multiples(swa_bs, 1, 2 * big + 1))
+    groups = (*(fulls if draw(st.booleans()) else fulls[::-1]), sliding_window(swa_bs, window))
+    num_blocks, seq_blocks = draw(_pool(5))
+    num_blocks = 1 + 4 * (num_blocks - 1)
+    mml = draw(near_multiples(big, 2, seq_blocks * big))
+    return KVCacheConfig(BlockCount(num_blocks), groups, TokenCount(max(2, mml)))
+
+
 @family("no_cache")
 @st.composite
 def _no_cache(draw: st.DrawFn) -> KVCacheConfig:

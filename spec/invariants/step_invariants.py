@@ -20,7 +20,8 @@ from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 @SPEC_INVARIANTS.register("P1", "step")
 def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
     """``get_computed_blocks`` changes nothing; its hit is a multiple of the hit alignment (the
-    LCM for a hybrid), below ``num_tokens``, and every group's list covers it."""
+    LCM for a hybrid), below ``num_tokens``, and every group's list covers exactly it (no list
+    for a hit of 0)."""
     if s.op != "get_computed_blocks":
         return None
     if s.before != s.after:
@@ -35,7 +36,7 @@ def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
         return f"hit {hit} reaches num_tokens {req.num_tokens} (at least one token must be recomputed)"
     for gid, blocks in enumerate(s.outcome.blocks):
         spec = config.groups[gid]
-        if spec.is_prefix_cacheable and hit and len(blocks) * spec.block_size != hit:
+        if spec.is_prefix_cacheable and len(blocks) * spec.block_size != hit:
             return f"group {gid} returned {len(blocks)} blocks for a {hit}-token hit"
     return None
 

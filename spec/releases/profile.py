@@ -19,6 +19,26 @@ FreeOrder = Literal["split", "append"]
 """How ``BlockPool.free_blocks`` queues blocks whose count reaches 0: ``split`` puts unhashed ones
 at the front and hashed ones at the tail; ``append`` puts all of them at the tail."""
 
+WindowFreeBasis = Literal["processed", "computed"]
+"""The count ``allocate_slots`` measures the attention window on before freeing the blocks out of
+it: ``processed`` leaves out the tokens of steps still in flight, ``computed`` is the whole
+computed total (vLLM before 0.26, which has no in-flight count)."""
+
+PartialTailBoundary = Literal["none", "prompt", "prompt_minus_one"]
+"""Where a full-attention group wider than the hash block publishes the prompt tail as a partial
+entry: nowhere, or at ``num_prompt_tokens`` / ``num_prompt_tokens - 1`` rounded down to hash blocks."""
+
+HybridHitTrim = Literal["every_full_group", "first_group"]
+"""Which full-attention spec groups a hybrid lookup cuts to the final hit length."""
+
+ExternalAllocation = Literal["two_phase", "per_group"]
+"""Admission across groups: every group adopts its hits before any allocates external-token
+blocks (``two_phase``), or each group does both before the next (``per_group``)."""
+
+CachePastHashes = Literal["cap", "raise"]
+"""``cache_blocks`` asked for full blocks past the request's hashes: cache the hashed ones only, or
+fail (vLLM indexes past the hash list)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -35,6 +55,13 @@ class Profile:
     # --- knobs (0.33.0 values) ---
     free_order: FreeOrder = "split"
     hit_limit_from_logprob_start: bool = False  # 0.34: prompt logprobs bound the hit at their first row
+    window_free_basis: WindowFreeBasis = "processed"
+    partial_tail_boundary: PartialTailBoundary = "prompt_minus_one"
+    hybrid_hit_trim: HybridHitTrim = "every_full_group"
+    hybrid_single_spec_group: bool = True  # a hybrid whose groups all share one spec can be built
+    external_allocation: ExternalAllocation = "two_phase"
+    allocate_adopt_only: bool = True  # allocate_slots(0 new tokens) may adopt prefix hits alone
+    cache_past_hashes: CachePastHashes = "cap"
 
     def knobs(self) -> dict[str, object]:
         """The knob values only (what decides behaviour)."""

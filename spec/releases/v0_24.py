@@ -7,4 +7,20 @@ from __future__ import annotations
 
 from spec.releases.profile import Change
 
-CHANGES: tuple[Change, ...] = ()
+CHANGES: tuple[Change, ...] = (
+    Change(
+        name="two_phase_external_allocation",
+        release="0.24.0",
+        models="KVCacheCoordinator.allocate_new_computed_blocks",
+        summary=(
+            "Admission first touches every group's prefix hits, then allocates the external-token blocks "
+            "group by group; before, each group touched its hits and took its external blocks before the next "
+            "group touched its own, so one group could pop (and evict) a later group's hit from the free queue "
+            "and both tables ended up holding it (vLLM issue #33775).  Observable: block ids, ref counts, "
+            "BlockRemoved events, free-queue order, with two or more groups and external tokens."
+        ),
+        knob="external_allocation",
+        before="per_group",
+        after="two_phase",
+    ),
+)

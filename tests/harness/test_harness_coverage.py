@@ -66,6 +66,7 @@ UNREACHABLE = {
         "evict_blocks",
     },
     "hash_block_override": {"load_invalid_recompute", "evict_blocks"},  # hybrid layouts only
+    "hybrid_two_full": {"load_invalid_recompute", "evict_blocks"},
 }
 
 # What a family must reach beyond ACTIONS: the feature it exists for.
