@@ -1,18 +1,20 @@
-"""Latent vLLM bug: chunked local attention with ``attention_chunk_size % block_size != 0``.  The
-KV-cache manager counts every block before the block holding the chunk start as a hit (null blocks),
-although the next query's chunk starts inside the last of them; a fresh request then skips computing
-those tokens and its first query reads them through the null block
-(docs/upstream/chunked-local-chunk-not-block-multiple.md).
+"""A missing start-up validation in vLLM: chunked local attention with ``attention_chunk_size %
+block_size != 0`` is accepted by every configuration step and only stopped by an assertion in the
+attention metadata builder at the first forward pass (docs/upstream/chunked-local-chunk-not-block-multiple.md,
+a proposed validation, not a wrong-output bug).
 
-Condition (fresh request of ``T`` tokens, nothing cached; general form proven by
+What the check would also protect: the KV-cache manager counts every block before the block holding
+the chunk start as a hit (null blocks), although the next query's chunk starts inside the last of
+them; a fresh request then skips computing those tokens and its first query reads them through the
+null block.  Condition (fresh request of ``T`` tokens, nothing cached; general form proven by
 ``kvspec prove window_coverage.chunk_not_block_multiple``): with ``h = (T - 1) // C * C // B * B``,
 
     h % C != 0
 
-vLLM 0.33.0 accepts the configuration (``ModelConfig``, ``CacheConfig``, the KV-cache manager and the
-``Scheduler`` all construct and schedule) but the attention metadata builder asserts
-``attn_chunk_size % block_size == 0`` at the first forward pass, which keeps the bug from running:
-a startup crash deferred to the first batch instead of a config error.
+Every release 0.23.0 ... 0.34.0 accepts the configuration (``ModelConfig``, ``CacheConfig``, the
+KV-cache manager and the ``Scheduler`` all construct and schedule) and asserts
+``attn_chunk_size % block_size == 0`` in ``make_local_attention_virtual_batches``: a start-up error
+deferred to the first batch.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import torch  # noqa: E402
 import vllm.v1.attention.backends.utils as backend_utils  # noqa: E402
 from upstream_vllm import (  # noqa: E402
     BLOCK,
-    KNOWN_AFFECTED,
     chunked_local,
     computed_step,
+    known_affected,
     null_reads,
     request,
     scheduler,
@@ -39,6 +41,7 @@ from upstream_vllm import (  # noqa: E402
 )
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager  # noqa: E402
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec  # noqa: E402
 
 C = 40  # not a multiple of BLOCK = 16
 LENGTHS = range(1, 3 * C + 1)
@@ -71,10 +74,10 @@ def null_reading_lengths() -> dict[int, list[tuple[int, int]]] | None:
 
 
 @pytest.mark.xfail(
-    KNOWN_AFFECTED,
+    known_affected("K3"),
     strict=True,
     raises=ChunkReadsNull,
-    reason="vLLM <= 0.33.0 accepts a chunk size that is not a block multiple",
+    reason="K3: vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
 )
 def test_chunk_not_block_multiple_is_rejected_or_reads_no_null() -> None:
     bad = null_reading_lengths()
@@ -109,31 +112,48 @@ def test_what_keeps_it_from_running(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.model_config.attention_chunk_size == C and config.cache_config.block_size == BLOCK
     assert null_reading_lengths()  # the manager and the Scheduler run it
     # the host-to-device copy needs pinned memory (CUDA); a CPU stand-in lets the builder run here
-    monkeypatch.setattr(
-        backend_utils,
-        "async_tensor_h2d",
-        lambda data, device=None, dtype=None, out=None: torch.as_tensor(data, dtype=dtype),
-    )
+    # (0.23.0 copies with torch's own .to() and has no async_tensor_h2d)
+    if hasattr(backend_utils, "async_tensor_h2d"):
+        monkeypatch.setattr(
+            backend_utils,
+            "async_tensor_h2d",
+            lambda data, device=None, dtype=None, out=None: torch.as_tensor(data, dtype=dtype),
+        )
     backend_utils.make_local_attention_virtual_batches(32, _metadata(9, 41), BLOCK)  # a block multiple: fine
     with pytest.raises(AssertionError, match="attn_chunk_size 40 is not divisible by block_size 16"):
         backend_utils.make_local_attention_virtual_batches(C, _metadata(9, 41), BLOCK)
 
 
-_original_init = ChunkedLocalAttentionManager.__init__
-
-
-def _init_rejecting_non_multiples(self: ChunkedLocalAttentionManager, kv_cache_spec: Any, **kwargs: Any) -> None:
-    """Proposed fix: refuse the configuration when the manager is built (startup), where the block size
-    is final, instead of asserting in the attention metadata builder at the first batch."""
-    if kv_cache_spec.attention_chunk_size % kv_cache_spec.block_size:
+def _check(spec: Any) -> None:
+    """The proposed start-up validation: the chunk must be a whole number of blocks."""
+    if spec.attention_chunk_size % spec.block_size:
         raise ValueError(
-            f"attention_chunk_size {kv_cache_spec.attention_chunk_size} must be a multiple of the "
-            f"block size {kv_cache_spec.block_size}"
+            f"attention_chunk_size {spec.attention_chunk_size} must be a multiple of the block size {spec.block_size}"
         )
-    _original_init(self, kv_cache_spec, **kwargs)
 
 
-def test_fix_rejecting_at_startup_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ChunkedLocalAttentionManager, "__init__", _init_rejecting_non_multiples)
+_spec_init = ChunkedLocalAttentionSpec.__init__
+_manager_init = ChunkedLocalAttentionManager.__init__
+
+
+def _spec_init_validating(self: ChunkedLocalAttentionSpec, *args: Any, **kwargs: Any) -> None:
+    """Where the chunked layer reports its KV-cache spec (``ChunkedLocalAttention.get_kv_cache_spec``,
+    engine start-up): covers the hybrid manager off as well, where the builder would still assert."""
+    _spec_init(self, *args, **kwargs)
+    _check(self)
+
+
+def _manager_init_validating(self: ChunkedLocalAttentionManager, kv_cache_spec: Any, **kwargs: Any) -> None:
+    """Where the KV-cache manager is built (start-up, the block size final)."""
+    _check(kv_cache_spec)
+    _manager_init(self, kv_cache_spec, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["spec", "manager"])
+def test_fix_rejecting_at_startup_removes_it(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if where == "spec":
+        monkeypatch.setattr(ChunkedLocalAttentionSpec, "__init__", _spec_init_validating)
+    else:
+        monkeypatch.setattr(ChunkedLocalAttentionManager, "__init__", _manager_init_validating)
     assert null_reading_lengths() is None
     scheduler(chunked_local(2 * BLOCK), config=vllm_config(attention_chunk_size=2 * BLOCK))  # multiples still run

@@ -26,11 +26,11 @@ pytest.importorskip("einops", reason="vLLM's ModelConfig imports einops to inspe
 
 from upstream_vllm import (  # noqa: E402
     BLOCK,
-    KNOWN_AFFECTED,
     chunked_local,
     computed_step,
     finish_loads,
     full,
+    known_affected,
     null_reads,
     request,
     scheduler,
@@ -53,13 +53,16 @@ def condition(kind: str, P: int, span: int) -> bool:
     return P % span == 0  # chunked local, span % BLOCK == 0
 
 
-def bad_lengths(kind: str, span: int, lengths: Iterable[int], hybrid: bool = False) -> dict[int, list[tuple[int, int]]]:
-    """For each prompt length: the (group, position) the recompute of token P - 1 reads as null."""
+def bad_lengths(
+    kind: str, span: int, lengths: Iterable[int], hybrid: bool = False, backoff: int = 0
+) -> dict[int, list[tuple[int, int]]]:
+    """For each prompt length: the (group, position) the recompute of token P - 1 reads as null.  With
+    ``backoff`` the connector loads ``P - backoff`` tokens (NIXL's and Mooncake's prefill backoff)."""
     window = sliding_window(span) if kind == "sliding_window" else chunked_local(span)
     bad = {}
     for P in lengths:
         sched = scheduler(*((full(), window) if hybrid else (window,)))
-        sched.add_request(request("r", P, load=P))
+        sched.add_request(request("r", P, load=P - backoff))
         out = sched.schedule()
         assert sched.requests["r"].status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.num_scheduled_tokens
         finish_loads(sched, out, "r")
@@ -79,10 +82,10 @@ CASES = [  # kind, W or C, prompt lengths, hybrid (full + window groups, gpt-oss
 
 
 @pytest.mark.xfail(
-    KNOWN_AFFECTED,
+    known_affected("K1"),
     strict=True,
     raises=NullBlockRead,
-    reason="vLLM <= 0.33.0 nulls the window of the recomputed last prompt token",
+    reason="K1: vLLM 0.23.0-0.34.0 null the window of the recomputed last prompt token",
 )
 @pytest.mark.parametrize("kind, span, lengths, hybrid", CASES, ids=lambda c: str(c))
 def test_full_remote_load_recompute_reads_no_null_block(
@@ -102,8 +105,9 @@ def test_full_remote_load_recompute_reads_no_null_block(
 
 def _retain_one_more_sliding(self: SlidingWindowManager, num_computed_tokens: int) -> int:
     """Proposed fix: keep one extra trailing token below the window (as ``extra_retained_tokens >= 1``
-    would), so a load of P tokens keeps the window of token P - 1."""
-    extra = max(self.extra_retained_tokens, 1)
+    would), so a load of P tokens keeps the window of token P - 1.  (Releases before 0.28 have no
+    ``extra_retained_tokens``: 0 there.)"""
+    extra = max(getattr(self, "extra_retained_tokens", 0), 1)
     return max(0, num_computed_tokens - self.sliding_window + 1 - extra)
 
 
@@ -124,3 +128,14 @@ def test_fix_retaining_one_more_token_removes_it(
     sched.add_request(request("r", 200, load=200))
     sched.schedule()
     assert sched.kv_cache_manager.get_block_ids("r")[0][:5] == [0, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("kind, span, lengths, hybrid", CASES, ids=lambda c: str(c))
+def test_fix_prefill_backoff_for_window_groups_removes_it(
+    kind: str, span: int, lengths: Iterable[int], hybrid: bool
+) -> None:
+    """The guard vLLM applies to DeepSeek-V4.1's bounded-replay window since 0.32 (NIXL's
+    ``_prefill_backoff()`` = 1, Mooncake's ``_get_remote_prefill_token_count``: load ``P - 1`` tokens,
+    the decoder computes token ``P - 1`` itself), applied to these window groups: the same step, token
+    ``P - 1`` alone, now reads no null block."""
+    assert bad_lengths(kind, span, lengths, hybrid, backoff=1) == {}

@@ -49,10 +49,22 @@ BLOCK = 16
 NUM_BLOCKS = 2048
 MAX_MODEL_LEN = 16384
 VLLM_VERSION = Version(vllm.__version__)
-KNOWN_AFFECTED = VLLM_VERSION <= Version("0.33.0")
-"""Versions on which the reproductions were run and fail (0.33.0); a later version runs them as
-plain tests, so a fix shows as XPASS (strict: a failure to act on) and a still-broken newer version
-fails loudly until this bound is moved."""
+RELEASES_RUN = (
+    "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
+    "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
+)
+"""The released wheels these reproductions were run on, each in its own environment (the tables in
+docs/upstream/*.md give the result per release and bug)."""
+LAST_AFFECTED = {"K1": Version("0.34.0"), "K2": Version("0.34.0"), "K3": Version("0.34.0")}
+"""Per bug, the newest release on which its reproduction was run and found it (every release of
+``RELEASES_RUN`` showed all three).  A later version runs the reproductions as plain tests, so a fix
+shows as XPASS (strict: a failure to act on) and a still-broken newer version fails loudly until the
+bound is moved."""
+
+
+def known_affected(bug: str) -> bool:
+    """Whether the installed vLLM is a release known to have ``bug`` (K1, K2, K3)."""
+    return VLLM_VERSION <= LAST_AFFECTED[bug]
 
 
 class WholePromptConnector(KVConnectorBase_V1, SupportsHMA):
