@@ -3,8 +3,9 @@
 ``RELEASES`` lists every release kvspec models, oldest first.  ``CHANGES`` gathers the ``Change``
 records of the per-release modules; ``profile_for(version)`` applies them to the 0.33.0 reading:
 a change made in a release at or before ``version`` is in its ``after`` state, any other in its
-``before`` state.  So the profile of 0.33.0 is the base reading exactly (a test checks it), and
-each release differs from its predecessor by the changes its own module lists.
+``before`` state (a knob several releases changed takes the ``after`` of the newest change made, or
+the ``before`` of the oldest one when none is).  So the profile of 0.33.0 is the base reading exactly
+(a test checks it), and each release differs from its predecessor by the changes its own module lists.
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ def profile_for(version: str) -> Profile:
     applied: list[str] = []
     for change in CHANGES:
         made = version_key(change.release) <= key
-        knobs[change.knob] = change.after if made else change.before
+        if made:
+            knobs[change.knob] = change.after
+        elif change.knob not in knobs:  # a knob changed twice keeps the first change's "before"
+            knobs[change.knob] = change.before
         if made != (version_key(change.release) <= version_key(BASE_RELEASE)):
             applied.append(change.name)
     return BASE.with_knobs(f"vllm-{version}", version, tuple(applied), **knobs)

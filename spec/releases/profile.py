@@ -19,6 +19,15 @@ FreeOrder = Literal["split", "append"]
 """How ``BlockPool.free_blocks`` queues blocks whose count reaches 0: ``split`` puts unhashed ones
 at the front and hashed ones at the tail; ``append`` puts all of them at the tail."""
 
+FinishFreeOrder = Literal["split", "append"]
+"""How ``SingleTypeKVCacheManager.free`` (a finished or preempted request) queues its blocks in a
+group that is not sliding window: ``split`` leaves it to ``BlockPool.free_blocks``; ``append`` puts
+every block reaching 0 at the tail (vLLM 0.23, whose pool took the side from its caller)."""
+
+CachingOffFreeOrder = Literal["front", "tail"]
+"""Where ``BlockPool.free_blocks`` puts blocks reaching 0 when prefix caching is off: ``front``
+(LIFO reuse) or ``tail`` (FIFO reuse; vLLM 0.27.x)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -35,6 +44,8 @@ class Profile:
     # --- knobs (0.33.0 values) ---
     free_order: FreeOrder = "split"
     hit_limit_from_logprob_start: bool = False  # 0.34: prompt logprobs bound the hit at their first row
+    finish_free_order: FinishFreeOrder = "split"
+    caching_off_free_order: CachingOffFreeOrder = "front"
 
     def knobs(self) -> dict[str, object]:
         """The knob values only (what decides behaviour)."""
