@@ -47,8 +47,10 @@ from harness.targets.vllm_observe import Reader, glimpse_manager, observe_manage
 from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, seed_none_hash, split_computed
 from spec.config import AttentionSpec, KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.hashing import get_none_hash
 from spec.releases.line import UnknownRelease
 from spec.releases.profile import Profile
+from spec.request import PROCESS_HASH_SEED
 from spec.types import BlockHash, GroupId, TokenCount
 
 _MASK64 = (1 << 64) - 1
@@ -180,7 +182,8 @@ class VllmTarget(ManagerAdapter[Any]):
         self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
         # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
         # that switching algos between resets (or between two targets) never chains from a stale seed.
-        self._none_hash = seed_none_hash(v.kv_cache_utils, self._hash_fn, config.hash_algo)
+        spec_none_hash = get_none_hash(config.hash_algo, PROCESS_HASH_SEED)
+        self._none_hash = seed_none_hash(v.kv_cache_utils, self._hash_fn, spec_none_hash)
         # vLLM 0.33 EngineCore gives requests a block hasher only when prefix caching is on (or a KV
         # connector is configured, which kvspec does not model); otherwise block_hashes stays empty.
         self._block_hasher = (

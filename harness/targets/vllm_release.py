@@ -30,11 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spec.config import HashAlgo
-from spec.hashing import get_none_hash
 from spec.releases.line import UnknownRelease, profile_for, require_known
 from spec.releases.profile import Profile
-from spec.request import PROCESS_HASH_SEED
 
 ASSUME_ENV = "KVSPEC_VLLM_PROFILE"
 ANY = object()
@@ -145,16 +142,16 @@ def split_computed(result: tuple[Any, ...]) -> tuple[Any, int]:
     return result[0], int(result[1])
 
 
-def seed_none_hash(kv_cache_utils: Any, hash_fn: Callable[[Any], bytes], algo: HashAlgo) -> bytes:
+def seed_none_hash(kv_cache_utils: Any, hash_fn: Callable[[Any], bytes], spec_none_hash: bytes) -> bytes:
     """Run the release's ``init_none_hash(hash_fn)`` and return the ``NONE_HASH`` it leaves.
 
     Two calls that disagree mean the release draws ``NONE_HASH`` at random (``os.urandom``: up to
-    0.28 when ``PYTHONHASHSEED`` is unset); block hashes would then differ from any model, so the
-    value the spec derives for this process (``spec.hashing.get_none_hash``) is installed instead.
-    A deterministic release keeps its own value, so a wrong seed there still shows as a divergence."""
+    0.28 when ``PYTHONHASHSEED`` is unset); no model can predict that, so ``spec_none_hash``, the
+    value the spec hashes from for this config, is installed instead.  A deterministic release keeps
+    its own value, so a wrong seed there still shows as a divergence."""
     kv_cache_utils.init_none_hash(hash_fn)
     first = kv_cache_utils.NONE_HASH
     kv_cache_utils.init_none_hash(hash_fn)
     if kv_cache_utils.NONE_HASH != first:
-        kv_cache_utils.NONE_HASH = get_none_hash(algo, PROCESS_HASH_SEED)
+        kv_cache_utils.NONE_HASH = spec_none_hash
     return bytes(kv_cache_utils.NONE_HASH)

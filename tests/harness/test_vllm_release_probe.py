@@ -71,11 +71,11 @@ def test_random_none_hash_is_replaced_by_the_spec_value() -> None:
     """A release drawing ``NONE_HASH`` at random gets the value the spec derives; a deterministic one
     keeps its own (a wrong seed there must still show as a divergence)."""
     fn = get_hash_fn("sha256")
+    spec_value = get_none_hash("sha256", PROCESS_HASH_SEED)
     utils = _utils(random=True)
-    assert seed_none_hash(utils, fn, "sha256") == get_none_hash("sha256", PROCESS_HASH_SEED)
-    assert utils.NONE_HASH == get_none_hash("sha256", PROCESS_HASH_SEED)
+    assert seed_none_hash(utils, fn, spec_value) == spec_value == utils.NONE_HASH
     fixed = _utils(random=False)
-    assert seed_none_hash(fixed, fn, "sha256") == fn("some seed") == fixed.NONE_HASH
+    assert seed_none_hash(fixed, fn, spec_value) == fn("some seed") == fixed.NONE_HASH
 
 
 def test_key_tokens_come_from_the_adapter_where_blocks_lack_them() -> None:
