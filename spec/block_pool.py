@@ -232,19 +232,16 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId], split: bool 
 
 def frees_to_front(pool: BlockPool) -> bool:
     """Whether ``free_blocks`` puts freed unhashed blocks (every block, with caching off) at the
-    front of the queue.  Yes in vLLM 0.24-0.26 and 0.28+.  With caching off vLLM 0.27.x appends
-    them (``caching_off_free_order == "tail"``: 0.27's ``free_blocks`` prepends only when caching is
-    on; 0.28 restored the front).  The what-if profile of vLLM 0.20 appends them always."""
+    front of the queue: yes, except with caching off in vLLM 0.27.x (``caching_off_free_order ==
+    "tail"``; 0.28 restored the front) and in the what-if profile of vLLM 0.20."""
     profile = pool.profile
     return profile.free_order == "split" and (pool.enable_caching or profile.caching_off_free_order == "front")
 
 
 def finish_free_splits(profile: Profile, kind: str) -> bool:
     """Whether ``SingleTypeKVCacheManager.free`` of a group of attention ``kind`` lets
-    ``free_blocks`` split the freed blocks (``frees_to_front``).  Always from vLLM 0.24 on.  In
-    vLLM 0.23 only ``SlidingWindowManager.free`` split them (as ``remove_skipped_blocks`` did); the
-    base ``free`` (full, chunked local, cross) appended every freed block, so a request's unhashed
-    blocks landed behind every cached one (``finish_free_order == "append"``)."""
+    ``free_blocks`` split (``frees_to_front``): always from vLLM 0.24 on; in 0.23 only sliding window
+    did, the base ``free`` appended every freed block (``finish_free_order == "append"``)."""
     return profile.finish_free_order == "split" or kind == "sliding_window"
 
 
