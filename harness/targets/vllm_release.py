@@ -54,10 +54,12 @@ class VllmApi:
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
-        only carry its default (``defaults``), else this release cannot model the config."""
-        renamed = {self.manager_renames.get(k, k): v for k, v in wanted.items()}
-        old = {self.manager_renames.get(k, k): v for k, v in defaults.items()}
-        return _accepted("KVCacheManager.__init__", self.manager_params, renamed, old, self.version)
+        only carry its default (``defaults``), else this release cannot model the config.  A keyword
+        the release spells otherwise (``manager_renames``) goes under its old name, unless it is at
+        its default (then the release's own default, the same, applies)."""
+        renames = self.manager_renames
+        renamed = {renames.get(k, k): v for k, v in wanted.items() if k not in renames or v != defaults.get(k, ANY)}
+        return _accepted("KVCacheManager.__init__", self.manager_params, renamed, defaults, self.version)
 
     def allocate_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """The same for ``allocate_slots``."""
