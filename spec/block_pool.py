@@ -203,13 +203,15 @@ def get_new_blocks(pool: BlockPool, num_blocks: int) -> tuple[BlockPool, tuple[B
     return replace(pool, ref_cnt=vec_set(pool.ref_cnt, dict.fromkeys(taken, 1)), free_queue=queue), taken
 
 
-def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool:
+def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId], split: bool = True) -> BlockPool:
     """vLLM 0.33 ``BlockPool.free_blocks``; ``ordered_blocks`` come first-to-evict first.
 
     Each non-null block drops one reference.  Blocks reaching 0 rejoin the queue: in 0.33, unhashed
     ones (or all, with caching off) are prepended in the given order (LIFO reuse), hashed ones are
-    appended (LRU eviction); under ``free_order == "append"`` all of them are appended.  Hashes are kept.
-    """
+    appended (LRU eviction).  Hashes are kept.  Where the profile says otherwise
+    (``frees_to_front``), or the caller asks for no split (``split=False``: vLLM 0.23's
+    ``free_blocks(blocks)`` without ``prepend``), all of them are appended."""
+    front = split and frees_to_front(pool)
     ref: dict[int, int] = {}
     to_front: list[BlockId] = []
     to_tail: list[BlockId] = []
@@ -220,13 +222,27 @@ def free_blocks(pool: BlockPool, ordered_blocks: Iterable[BlockId]) -> BlockPool
         assert count > 0, f"block {b} freed with ref_cnt {count}"
         ref[b] = count - 1
         if count == 1:
-            unhashed = pool.block_key[b] is None or not pool.enable_caching
-            if unhashed and pool.profile.free_order == "split":
+            if front and (pool.block_key[b] is None or not pool.enable_caching):
                 to_front.append(b)
             else:
                 to_tail.append(b)
     queue = queue_push(pool.free_queue, to_front, to_tail)
     return replace(pool, ref_cnt=vec_set(pool.ref_cnt, ref), free_queue=queue)
+
+
+def frees_to_front(pool: BlockPool) -> bool:
+    """Whether ``free_blocks`` puts freed unhashed blocks (every block, with caching off) at the
+    front of the queue: yes, except with caching off in vLLM 0.27.x (``caching_off_free_order ==
+    "tail"``; 0.28 restored the front) and in the what-if profile of vLLM 0.20."""
+    profile = pool.profile
+    return profile.free_order == "split" and (pool.enable_caching or profile.caching_off_free_order == "front")
+
+
+def finish_free_splits(profile: Profile, kind: str) -> bool:
+    """Whether ``SingleTypeKVCacheManager.free`` of a group of attention ``kind`` lets
+    ``free_blocks`` split (``frees_to_front``): always from vLLM 0.24 on; in 0.23 only sliding window
+    did, the base ``free`` appended every freed block (``finish_free_order == "append"``)."""
+    return profile.finish_free_order == "split" or kind == "sliding_window"
 
 
 class _HashEdit:

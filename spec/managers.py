@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from spec import arith
+from spec import arith, block_pool
 from spec.block_pool import cache_full_blocks, cache_partial_block, free_blocks, get_cached_block, get_new_blocks, touch
 from spec.config import AttentionSpec
 from spec.releases.profile import PartialTailBoundary
@@ -417,7 +417,8 @@ def free(state: KVCacheManagerState, gid: GroupId, request_id: RequestId) -> KVC
     start = 0
     while start < len(table) and table[start] == NULL_BLOCK_ID:
         start += 1
-    return with_pool(state, free_blocks(state.pool, reversed(table[start:])))
+    split = block_pool.finish_free_splits(state.config.profile, state.config.groups[gid].kind)
+    return with_pool(state, free_blocks(state.pool, reversed(table[start:]), split))
 
 
 def remove_skipped_blocks(

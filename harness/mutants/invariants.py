@@ -35,8 +35,8 @@ def _null_block_queued(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _free_queues_twice(orig: Callable[..., Any]) -> Callable[..., Any]:
     """A missing ``else`` in ``free_blocks``: an unhashed block reaching 0 is prepended *and* appended."""
 
-    def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
-        out = orig(pool, list(ordered_blocks))
+    def free_blocks(pool: Any, ordered_blocks: Any, split: bool = True) -> Any:
+        out = orig(pool, list(ordered_blocks), split)
         old = set(pool.free_queue)
         again = tuple(b for b in out.free_queue if b not in old and out.block_key[b] is None)
         return _pool_with(out, free_queue=out.free_queue + again)
@@ -56,8 +56,8 @@ def _touch_keeps_queued(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _free_leaks_block(orig: Callable[..., Any]) -> Callable[..., Any]:
     """``free_blocks`` drops the last block reaching ref count 0 instead of queueing it (a leak)."""
 
-    def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
-        out = orig(pool, list(ordered_blocks))
+    def free_blocks(pool: Any, ordered_blocks: Any, split: bool = True) -> Any:
+        out = orig(pool, list(ordered_blocks), split)
         fresh = [b for b in out.free_queue if b not in set(pool.free_queue)]
         return _pool_with(out, free_queue=tuple(b for b in out.free_queue if b != fresh[-1])) if fresh else out
 
@@ -195,8 +195,8 @@ def _failed_allocation_keeps_blocks(orig: Callable[..., Any]) -> Callable[..., A
 def _free_hashed_to_front(orig: Callable[..., Any]) -> Callable[..., Any]:
     """LIFO for every freed block: the hashed ones are prepended too, so cached prefixes are evicted first."""
 
-    def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
-        out = orig(pool, list(ordered_blocks))
+    def free_blocks(pool: Any, ordered_blocks: Any, split: bool = True) -> Any:
+        out = orig(pool, list(ordered_blocks), split)
         old = set(pool.free_queue)
         hashed = tuple(b for b in out.free_queue if b not in old and out.block_key[b] is not None)
         return _pool_with(out, free_queue=hashed + tuple(b for b in out.free_queue if b not in hashed))
@@ -207,10 +207,10 @@ def _free_hashed_to_front(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _free_evicts_eagerly(orig: Callable[..., Any]) -> Callable[..., Any]:
     """``free`` drops the hashes of the blocks it releases (eager eviction): no hit after a request ends."""
 
-    def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
+    def free_blocks(pool: Any, ordered_blocks: Any, split: bool = True) -> Any:
         ids = list(ordered_blocks)
         last = [b for b in set(ids) if b != NULL_BLOCK_ID and pool.ref_cnt[b] == ids.count(b)]
-        return orig(block_pool.evict_blocks(pool, last) if last else pool, ids)
+        return orig(block_pool.evict_blocks(pool, last) if last else pool, ids, split)
 
     return free_blocks
 

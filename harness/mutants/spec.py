@@ -28,8 +28,8 @@ def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
     """§10.5: every freed block appended at the tail (the 0.20 order) instead of unhashed ones
     prepended: LIFO reuse of scratch blocks is lost, different block ids come back."""
 
-    def free_blocks(pool: Any, ordered_blocks: Any) -> Any:
-        out = orig(dataclasses.replace(pool, profile=FREE_ORDER_0_20), ordered_blocks)
+    def free_blocks(pool: Any, ordered_blocks: Any, split: bool = True) -> Any:
+        out = orig(dataclasses.replace(pool, profile=FREE_ORDER_0_20), ordered_blocks, split)
         return dataclasses.replace(out, profile=pool.profile)
 
     return free_blocks

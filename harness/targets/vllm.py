@@ -44,11 +44,13 @@ from harness.core.ops import (
 from harness.targets.adapter import ManagerAdapter
 from harness.targets.base import Unsupported, bind_release
 from harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
-from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, split_computed
+from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, seed_none_hash, split_computed
 from spec.config import AttentionSpec, KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.hashing import get_none_hash
 from spec.releases.line import UnknownRelease
 from spec.releases.profile import Profile
+from spec.request import PROCESS_HASH_SEED
 from spec.types import BlockHash, GroupId, TokenCount
 
 _MASK64 = (1 << 64) - 1
@@ -154,10 +156,12 @@ class VllmTarget(ManagerAdapter[Any]):
         self._v = _vllm()
         self.api = self._v.api
         self.profile: Profile = self.api.profile  # the release this target models (bind_release)
-        self._reader = Reader(self.api)
+        self._reader = Reader(self.api, self._key_tokens)
         self._manager: Any = None
         self._lora_ids: dict[str, int] = {}  # lora_name -> lora_int_id (not part of any hash)
         self._hash_by_low64: dict[int, bytes | None] = {}  # event int hash -> BlockHash (None: ambiguous)
+        self._hash_blocks: dict[bytes, int] = {}  # request hash -> hash blocks it covers (1 for the first)
+        self._hash_block_size = 1
         self._hash_memo: dict[str, tuple[bytes, ...]] = {}  # request id -> its observed block hashes
 
     @property
@@ -178,8 +182,8 @@ class VllmTarget(ManagerAdapter[Any]):
         self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
         # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
         # that switching algos between resets (or between two targets) never chains from a stale seed.
-        v.kv_cache_utils.init_none_hash(self._hash_fn)
-        self._none_hash = v.kv_cache_utils.NONE_HASH
+        spec_none_hash = get_none_hash(config.hash_algo, PROCESS_HASH_SEED)
+        self._none_hash = seed_none_hash(v.kv_cache_utils, self._hash_fn, spec_none_hash)
         # vLLM 0.33 EngineCore gives requests a block hasher only when prefix caching is on (or a KV
         # connector is configured, which kvspec does not model); otherwise block_hashes stays empty.
         self._block_hasher = (
@@ -203,6 +207,8 @@ class VllmTarget(ManagerAdapter[Any]):
         self._manager = v.KVCacheManager(_make_vllm_kv_cache_config(v, config), **kwargs)
         self._lora_ids = {}
         self._hash_by_low64 = {}
+        self._hash_blocks = {}
+        self._hash_block_size = config.hash_block_size
         self._hash_memo = {}
 
     def _ensure_none_hash(self) -> None:
@@ -211,14 +217,29 @@ class VllmTarget(ManagerAdapter[Any]):
         if getattr(utils, "NONE_HASH", None) != self._none_hash:
             utils.NONE_HASH = self._none_hash
 
-    def _remember_hashes(self, hashes: Any) -> None:
-        """Index hashes by their low 64 bits: vLLM publishes event hashes as such ints by default
-        (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); every hash an event carries is a request hash."""
+    def _remember_hashes(self, hashes: Any, start: int = 0) -> None:
+        """Index a request's hashes ``start...`` by their low 64 bits: vLLM publishes event hashes as
+        such ints by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); every hash an event carries
+        is a request hash.  Also note how many hash blocks each one covers (``_key_tokens``)."""
         table = self._hash_by_low64
-        for h in hashes:
+        for i, h in enumerate(hashes, start + 1):
             low = int.from_bytes(h, "big") & _MASK64
             known = table.get(low, h)
             table[low] = bytes(h) if known == h else None
+            self._hash_blocks[bytes(h)] = i
+
+    def _key_tokens(self, key: bytes | None) -> int | None:
+        """The prefix tokens a block's key covers, for a release whose blocks do not record it (vLLM
+        0.23, where every key is a full block's): the key is a request hash (or, for a group wider than
+        the hash block, 0.23's concatenation of them, which ends with the last) and 4 bytes of group
+        id, and the hash at request position i covers (i + 1) hash blocks.  None: no request made it."""
+        if key is None:
+            return None
+        h = bytes(key[:-4])
+        n = self._hash_blocks.get(h)
+        if n is None and self._hash_blocks:
+            n = self._hash_blocks.get(h[-len(next(iter(self._hash_blocks))) :])
+        return None if n is None else n * self._hash_block_size
 
     # -- requests --
 
@@ -262,7 +283,7 @@ class VllmTarget(ManagerAdapter[Any]):
             self._ensure_none_hash()
             before = len(request.block_hashes)
             request.append_output_token_ids(list(op.token_ids))
-            self._remember_hashes(request.block_hashes[before:])
+            self._remember_hashes(request.block_hashes[before:], before)
         elif isinstance(op, SetSpecTokens):
             request.spec_token_ids = list(op.token_ids)
         elif isinstance(op, SetNumComputedTokens):

@@ -21,12 +21,22 @@ from harness.targets.vllm_release import VllmApi
 
 
 class Reader:
-    """How one release stores a block's key and the hash map (``VllmApi``)."""
+    """How one release stores a block's key and the hash map (``VllmApi``).
 
-    def __init__(self, api: VllmApi) -> None:
-        self.block_key = attrgetter(api.hash_attr)
+    A release whose blocks do not record the tokens their key covers (before 0.24, where every key
+    is a full block's) gets them from ``key_tokens``: key -> tokens, derived by the adapter from the
+    request hashes it has seen."""
+
+    def __init__(self, api: VllmApi, key_tokens: Callable[[Any], int | None] | None = None) -> None:
+        block_key = self.block_key = attrgetter(api.hash_attr)
         tokens = api.hash_tokens_attr
-        self.block_key_tokens: Callable[[Any], int | None] = attrgetter(tokens) if tokens else _none
+        self.block_key_tokens: Callable[[Any], int | None]
+        if tokens:
+            self.block_key_tokens = attrgetter(tokens)
+        elif key_tokens is not None:
+            self.block_key_tokens = lambda blk: key_tokens(block_key(blk))
+        else:
+            self.block_key_tokens = _none
         self.map_holds_ids = api.map_holds_ids
 
     def cached_map(self, pool: Any) -> dict[bytes, tuple[int, ...]]:

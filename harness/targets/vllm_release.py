@@ -5,12 +5,17 @@ lets one adapter drive any release from 0.23.0 to 0.34.0.  It reads the installe
 that release's profile, and probes the installed code for what the adapter touches:
 
 - the keyword arguments ``KVCacheManager.__init__`` and ``allocate_slots`` accept (a keyword kvspec
-  would pass with a non-default value to a release that lacks it is ``Unsupported``);
+  would pass with a non-default value to a release that lacks it is ``Unsupported``), and the old
+  name of one that was renamed (``max_in_flight_tokens`` was ``max_num_batched_tokens`` up to 0.25,
+  the same admission cap);
 - ``KVCacheBlock``'s hash attributes (``_block_hash`` up to 0.33, the plain ``block_hash`` field in
   0.34; ``_block_hash_num_tokens`` / ``block_hash_num_tokens``, absent where partial keys are);
 - ``BlockHashToBlockMap``'s storage: key -> block or ``{block_id: block}`` up to 0.33, key -> block
   id plus a separate ``_dup_ids`` for keys held by several blocks in 0.34;
-- ``BlockPool.cached_block_hashes_by_block`` (secondary keys), present from 0.26 on.
+- ``BlockPool.cached_block_hashes_by_block`` (secondary keys), present from 0.26 on;
+- whether ``init_none_hash`` is deterministic: up to 0.28 it draws a random ``NONE_HASH`` when
+  ``PYTHONHASHSEED`` is unset, and the adapter then installs the fixed-seed value the spec models
+  (``seed_none_hash``).
 
 A release kvspec has no profile for is refused with the nearest known releases named, unless
 ``KVSPEC_VLLM_PROFILE`` names the known release to assume (then the ``invariants`` relation is the
@@ -40,6 +45,7 @@ class VllmApi:
     version: str
     profile: Profile
     manager_params: frozenset[str]
+    manager_renames: Mapping[str, str]  # kvspec's keyword -> this release's name for it
     allocate_params: frozenset[str]
     hash_attr: str  # KVCacheBlock attribute holding the map key
     hash_tokens_attr: str | None  # ... and the number of prefix tokens it covers (None: no such field)
@@ -48,8 +54,12 @@ class VllmApi:
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
-        only carry its default (``defaults``), else this release cannot model the config."""
-        return _accepted("KVCacheManager.__init__", self.manager_params, wanted, defaults, self.version)
+        only carry its default (``defaults``), else this release cannot model the config.  A keyword
+        the release spells otherwise (``manager_renames``) goes under its old name, unless it is at
+        its default (then the release's own default, the same, applies)."""
+        renames = self.manager_renames
+        renamed = {renames.get(k, k): v for k, v in wanted.items() if k not in renames or v != defaults.get(k, ANY)}
+        return _accepted("KVCacheManager.__init__", self.manager_params, renamed, defaults, self.version)
 
     def allocate_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """The same for ``allocate_slots``."""
@@ -95,10 +105,16 @@ def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling
     hash_attr = "_block_hash" if "_block_hash" in slots else "block_hash"
     tokens = next((a for a in ("_block_hash_num_tokens", "block_hash_num_tokens") if a in slots), None)
     map_init = inspect.signature(map_cls.__init__).parameters
+    manager_params = _params(manager_cls.__init__)
     return VllmApi(
         version=version,
         profile=installed_profile(version),
-        manager_params=_params(manager_cls.__init__),
+        manager_params=manager_params,
+        manager_renames={
+            new: old
+            for new, old in _RENAMED_MANAGER_PARAMS.items()
+            if new not in manager_params and old in manager_params
+        },
         allocate_params=_params(manager_cls.allocate_slots),
         hash_attr=hash_attr,
         hash_tokens_attr=tokens,
@@ -112,6 +128,12 @@ def _fields(cls: Any) -> set[str]:
     return set(getattr(cls, "__struct_fields__", ())) | set(getattr(cls, "__dataclass_fields__", {}))
 
 
+_RENAMED_MANAGER_PARAMS = {"max_in_flight_tokens": "max_num_batched_tokens"}
+"""``KVCacheManager.__init__`` keywords that releases spelled otherwise, with the same meaning: the
+token count the sliding-window and chunked-local admission caps add (vLLM 0.26 renamed it; the
+arithmetic is unchanged, and ``None`` means ``max_model_len`` in both)."""
+
+
 def _params(fn: Callable[..., Any]) -> frozenset[str]:
     return frozenset(p for p in inspect.signature(fn).parameters if p != "self")
 
@@ -120,3 +142,18 @@ def split_computed(result: tuple[Any, ...]) -> tuple[Any, int]:
     """``get_computed_blocks``'s blocks and hit length: it returns ``(blocks, hits)`` up to 0.25 and
     ``(blocks, hits, shared_prefix_boundary)`` from 0.26 on."""
     return result[0], int(result[1])
+
+
+def seed_none_hash(kv_cache_utils: Any, hash_fn: Callable[[Any], bytes], spec_none_hash: bytes) -> bytes:
+    """Run the release's ``init_none_hash(hash_fn)`` and return the ``NONE_HASH`` it leaves.
+
+    Two calls that disagree mean the release draws ``NONE_HASH`` at random (``os.urandom``: up to
+    0.28 when ``PYTHONHASHSEED`` is unset); no model can predict that, so ``spec_none_hash``, the
+    value the spec hashes from for this config, is installed instead.  A deterministic release keeps
+    its own value, so a wrong seed there still shows as a divergence."""
+    kv_cache_utils.init_none_hash(hash_fn)
+    first = kv_cache_utils.NONE_HASH
+    kv_cache_utils.init_none_hash(hash_fn)
+    if kv_cache_utils.NONE_HASH != first:
+        kv_cache_utils.NONE_HASH = spec_none_hash
+    return bytes(kv_cache_utils.NONE_HASH)

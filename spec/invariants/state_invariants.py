@@ -351,9 +351,13 @@ def dict_membership(c: StateContext) -> str | None:
 def free_queue_partition(c: StateContext) -> str | None:
     """vLLM 0.33 order: unhashed free blocks are prepended and hashed ones appended, and a queued
     block's hash never changes, so (unless ``evict_blocks`` ran) every unhashed block in the queue
-    comes before every hashed one."""
+    comes before every hashed one.  Not so where a profile appends unhashed blocks too (the 0.20
+    ``free_order``; 0.23's ``finish_free_order``)."""
     pool = c.state.pool
-    if pool.profile.free_order != "split" or c.evict_called or not pool.enable_caching:
+    profile = pool.profile
+    if profile.free_order != "split" or profile.finish_free_order != "split":
+        return None
+    if c.evict_called or not pool.enable_caching:
         return None
     seen_hashed = None
     for b in pool.free_queue:

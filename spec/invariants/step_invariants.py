@@ -199,23 +199,28 @@ def free_releases_everything(s: StepContext) -> str | None:
 @SPEC_INVARIANTS.register("P4 §9.17", "step")
 def free_order(s: StepContext) -> str | None:
     """``free(r)`` (and §9.17, LRU order) queues, group by group and tail first, the blocks reaching 0: in vLLM 0.33 the
-    unhashed ones go to the front (the last group's first) and the hashed ones to the tail; in
-    the 0.20 profile all go to the tail."""
+    unhashed ones go to the front (the last group's first) and the hashed ones to the tail.  All go
+    to the tail in the 0.20 profile, with caching off in 0.27.x, and in 0.23 for groups other than
+    sliding window (the profile's ``free_order``, ``caching_off_free_order``, ``finish_free_order``)."""
     if s.op != "free":
         return None
     rid = s.args["request_id"]
+    config = s.before.config
+    profile = config.profile
+    splits = profile.free_order == "split" and (config.enable_caching or profile.caching_off_free_order == "front")
     ref: dict[BlockId, int] = {}  # the counts of the request's blocks as the free proceeds
     front: list[BlockId] = []
     tail: list[BlockId] = []
-    for g in s.before.groups:
+    for gid, g in enumerate(s.before.groups):
+        group_splits = splits and (profile.finish_free_order == "split" or config.groups[gid].kind == "sliding_window")
         group_front = []
         for blk in reversed(g.req_to_blocks.get(rid, ())):
             if blk == NULL_BLOCK_ID:
                 continue
             ref[blk] = ref.get(blk, s.before.pool.ref_cnt[blk]) - 1
             if ref[blk] == 0:
-                hashed = s.before.pool.block_key[blk] is not None and s.before.config.enable_caching
-                if hashed or s.before.config.profile.free_order == "append":
+                hashed = s.before.pool.block_key[blk] is not None and config.enable_caching
+                if hashed or not group_splits:
                     tail.append(blk)
                 else:
                     group_front.append(blk)

@@ -39,6 +39,15 @@ CachePastHashes = Literal["cap", "raise"]
 """``cache_blocks`` asked for full blocks past the request's hashes: cache the hashed ones only, or
 fail (vLLM indexes past the hash list)."""
 
+FinishFreeOrder = Literal["split", "append"]
+"""How ``SingleTypeKVCacheManager.free`` (a finished or preempted request) queues its blocks in a
+group that is not sliding window: ``split`` leaves it to ``BlockPool.free_blocks``; ``append`` puts
+every block reaching 0 at the tail (vLLM 0.23, whose pool took the side from its caller)."""
+
+CachingOffFreeOrder = Literal["front", "tail"]
+"""Where ``BlockPool.free_blocks`` puts blocks reaching 0 when prefix caching is off: ``front``
+(LIFO reuse) or ``tail`` (FIFO reuse; vLLM 0.27.x)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -62,6 +71,8 @@ class Profile:
     external_allocation: ExternalAllocation = "two_phase"
     allocate_adopt_only: bool = True  # allocate_slots(0 new tokens) may adopt prefix hits alone
     cache_past_hashes: CachePastHashes = "cap"
+    finish_free_order: FinishFreeOrder = "split"
+    caching_off_free_order: CachingOffFreeOrder = "front"
 
     def knobs(self) -> dict[str, object]:
         """The knob values only (what decides behaviour)."""

@@ -7,4 +7,18 @@ from __future__ import annotations
 
 from spec.releases.profile import Change
 
-CHANGES: tuple[Change, ...] = ()
+CHANGES: tuple[Change, ...] = (
+    Change(
+        name="free_order_with_caching_disabled",
+        release="0.27.0",
+        models="BlockPool.free_blocks",
+        summary=(
+            "With prefix caching off, freed blocks go to the tail of the free queue (FIFO reuse) "
+            "instead of the front; with caching on nothing changes.  Observable as the block ids later "
+            "allocations return, after free and after remove_skipped_blocks."
+        ),
+        knob="caching_off_free_order",
+        before="front",
+        after="tail",
+    ),
+)

@@ -7,4 +7,17 @@ from __future__ import annotations
 
 from spec.releases.profile import Change
 
-CHANGES: tuple[Change, ...] = ()
+CHANGES: tuple[Change, ...] = (
+    Change(
+        name="free_order_caching_disabled_lifo",
+        release="0.28.0",
+        models="BlockPool.free_blocks",
+        summary=(
+            "Undoes 0.27's caching-off order: with prefix caching off, freed blocks go to the front of "
+            "the free queue again (LIFO reuse), so the most recently freed block is allocated next."
+        ),
+        knob="caching_off_free_order",
+        before="tail",
+        after="front",
+    ),
+)

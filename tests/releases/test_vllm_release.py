@@ -3,19 +3,26 @@ reads, and what it says about a release kvspec does not model."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from harness.targets.vllm_observe import Reader
 from harness.targets.vllm_release import (
     ANY,
     ASSUME_ENV,
     ReleaseMismatch,
     installed_profile,
     probe,
+    seed_none_hash,
     split_computed,
 )
+from spec.hashing import get_hash_fn, get_none_hash
 from spec.releases.line import UnknownRelease, profile_for
+from spec.request import PROCESS_HASH_SEED
 
 
 @dataclass(slots=True)
@@ -114,3 +121,58 @@ def test_an_unknown_release_is_refused_with_the_way_to_check_it(monkeypatch: pyt
     monkeypatch.setenv(ASSUME_ENV, "0.99.0")
     with pytest.raises(UnknownRelease):
         installed_profile("0.35.0")
+
+
+class Manager026:  # 0.26 on: the admission cap's token count under its new name
+    def __init__(self, kv_cache_config: object, max_model_len: int, max_in_flight_tokens: int | None = None) -> None:
+        pass
+
+    def allocate_slots(self, request: object, num_new_tokens: int) -> None: ...
+
+
+def test_max_in_flight_tokens_goes_under_its_old_name() -> None:
+    """0.23-0.25 call the admission cap's token count ``max_num_batched_tokens`` (the same role, the
+    same arithmetic; None means ``max_model_len`` in both): a set value goes there, the default is
+    left to the release; 0.26 on take ``max_in_flight_tokens`` itself."""
+    old = probe("0.25.0", Manager, Block023, Map033, Sampling033)
+    assert old.manager_renames == {"max_in_flight_tokens": "max_num_batched_tokens"}
+    wanted = {"max_model_len": 64, "max_in_flight_tokens": 48}
+    defaults = {"max_in_flight_tokens": None}
+    assert old.manager_kwargs(wanted, defaults) == {"max_model_len": 64, "max_num_batched_tokens": 48}
+    assert old.manager_kwargs({**wanted, "max_in_flight_tokens": None}, defaults) == {"max_model_len": 64}
+    new = probe("0.26.0", Manager026, Block033, Map033, Sampling033)
+    assert new.manager_renames == {}
+    assert new.manager_kwargs(wanted, defaults) == wanted
+
+
+def _kv_cache_utils(random: bool) -> SimpleNamespace:
+    """A stand-in ``kv_cache_utils`` whose ``init_none_hash`` draws at random (0.23-0.28 with
+    ``PYTHONHASHSEED`` unset: ``os.urandom(32)``) or hashes a seed."""
+    utils = SimpleNamespace(NONE_HASH=None)
+
+    def init_none_hash(hash_fn: Any) -> None:
+        utils.NONE_HASH = os.urandom(32) if random else hash_fn("some seed")
+
+    utils.init_none_hash = init_none_hash
+    return utils
+
+
+def test_a_random_none_hash_is_replaced_by_the_spec_value() -> None:
+    """A release drawing ``NONE_HASH`` at random gets the value the spec hashes from; a deterministic
+    one keeps its own (a wrong seed there must still show as a divergence)."""
+    fn = get_hash_fn("sha256")
+    spec_value = get_none_hash("sha256", PROCESS_HASH_SEED)
+    utils = _kv_cache_utils(random=True)
+    assert seed_none_hash(utils, fn, spec_value) == spec_value == utils.NONE_HASH
+    fixed = _kv_cache_utils(random=False)
+    assert seed_none_hash(fixed, fn, spec_value) == fn("some seed") == fixed.NONE_HASH
+
+
+def test_key_tokens_come_from_the_adapter_where_blocks_lack_them() -> None:
+    """0.23's ``KVCacheBlock`` has no ``_block_hash_num_tokens``: the reader asks the adapter's
+    ``key_tokens`` (key -> tokens, from the request hashes it saw) instead of reporting None where
+    the spec has a count."""
+    api = probe("0.23.0", Manager, Block023, Map033, Sampling033)
+    blk = Block023(1, b"k" * 36)
+    assert Reader(api, lambda key: 8 if key == b"k" * 36 else None).block_key_tokens(blk) == 8
+    assert Reader(api).block_key_tokens(blk) is None

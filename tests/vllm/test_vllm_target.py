@@ -373,3 +373,17 @@ def test_full_attention_partial_tail_key_is_observed(target: VllmTarget) -> None
     assert obs.block_key[fa_block1] == make_block_key(fine[3], 0)  # type: ignore[arg-type]
     assert obs.cached[make_block_key(fine[2], 0)] == (fa_block1,)  # type: ignore[arg-type]
     assert make_block_key(fine[0], 0) not in obs.cached  # type: ignore[arg-type]
+
+
+def test_key_tokens_derived_from_request_hashes_match_the_blocks(target: VllmTarget) -> None:
+    """For releases whose blocks do not record the tokens their key covers (0.23), the adapter
+    derives them from the request hashes it has seen (``VllmTarget._key_tokens``); on 0.33, which
+    records them, the derivation must give the recorded counts for every kind of key."""
+    target.reset(KVCacheConfig(num_blocks=13, groups=(full_attention(4), sliding_window(2, 4)), max_model_len=64))
+    admit(target, "r0", tuple(range(7)))
+    decode(target, "r0", 100, 8)
+    obs = target.observe()
+    keyed = [b for b, key in enumerate(obs.block_key) if key is not None]
+    assert len(keyed) >= 3
+    assert [target._key_tokens(obs.block_key[b]) for b in keyed] == [obs.block_key_tokens[b] for b in keyed]
+    assert target._key_tokens(b"\x00" * 36) is None and target._key_tokens(None) is None
