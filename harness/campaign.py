@@ -15,7 +15,7 @@ Modes:
 
 Built-in catalogue (``harness.mutants.registry.all_mutants``, each ``Mutant`` in its ``modes``): the
 spec mutants (``harness.mutants.spec``, ``harness.mutants.invariants``), the ``impl`` allocator
-mutants (``harness.mutants.impl``) and, where vLLM 0.33.0 is installed, runtime mutants of vLLM's
+mutants (``harness.mutants.impl``) and, where vLLM is installed, runtime mutants of vLLM's
 manager (``harness.mutants.vllm``) and of its real scheduler (``harness.mutants.vllm_scheduler``:
 seeded runs of the real scheduler, no Hypothesis; the "shrunk" column is the recorded run).
 ``--target pkg.mod:factory`` runs a user's mutants instead:

@@ -2,7 +2,8 @@
 
 ``load_target(name)`` resolves ``--target``:
 - ``spec``: the model itself (``harness.targets.spec``);
-- ``vllm``: the installed vLLM 0.33.0 ``KVCacheManager`` (imported lazily, it is slow and optional);
+- ``vllm``: the installed vLLM release's ``KVCacheManager``, any of 0.23.0 to 0.34.0 (imported lazily, it
+  is slow and optional; ``harness.targets.vllm_release`` picks the release's profile);
 - ``impl``: kvspec's own fast allocator (lazily);
 - ``package.module:factory``: a user's adapter; ``factory()`` must return an object satisfying the
   protocol (see docs/targets.md).
@@ -61,7 +62,7 @@ def _builtin(name: str) -> Callable[[], Target]:
             import vllm  # noqa: F401
         except Exception as e:  # ImportError, or a broken install
             raise TargetLoadError(
-                f"target 'vllm' needs vLLM 0.33.0 installed (ci/setup --vllm): {type(e).__name__}: {e}"
+                f"target 'vllm' needs vLLM installed (ci/setup --vllm[=VERSION]): {type(e).__name__}: {e}"
             ) from None
         try:
             mod = importlib.import_module("harness.targets.vllm")
