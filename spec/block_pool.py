@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from spec.hashing import get_published_hash
 from spec.linked_queue import LinkedQueue, queue_popleft, queue_push, queue_remove
 from spec.persistent import SMALL_POOL, MapOverlay, PMap, PVec, VecOverlay, vec_set
 from spec.releases.profile import BASE, Profile
@@ -309,7 +310,7 @@ class _HashEdit:
 
     def emit_block_removed(self, keys: Sequence[BlockKey]) -> None:
         if self.pool.enable_kv_cache_events:
-            self.events.extend(BlockRemoved((get_block_hash(k),), get_group_id(k)) for k in keys)
+            self.events.extend(BlockRemoved((get_published_hash(get_block_hash(k)),), get_group_id(k)) for k in keys)
 
     def maybe_evict_cached_block(self, b: BlockId) -> None:
         """vLLM 0.33 ``_maybe_evict_cached_block``: drop every key of the block, one
@@ -354,9 +355,9 @@ def cache_full_blocks(
             assert tokens is not None and tokens < num_hash_tokens, f"block {b} is already hashed"
             edit.emit_block_removed(edit.remove_cached_block_hashes(b))
         edit.insert_block_hash(make_block_key(block_hashes[i], group_id), b, num_hash_tokens)
-        stored.append(block_hashes[i])
+        stored.append(get_published_hash(block_hashes[i]))
     if pool.enable_kv_cache_events:
-        parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
+        parent = get_published_hash(block_hashes[num_cached_blocks - 1]) if num_cached_blocks > 0 else None
         edit.events.append(
             BlockStored(
                 block_hashes=tuple(stored),

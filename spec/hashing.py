@@ -19,6 +19,19 @@ Facts this module reproduces (read from vLLM 0.33.0):
   object occurs twice (say ``lora_name is lora_path``) pickles, and therefore hashes, differently from
   one holding two equal but distinct strings.  vLLM has the same behaviour; this module keeps it by
   passing the caller's objects through untouched.  ``sha256_cbor`` is identity-blind.
+
+Releases (``spec.releases``; each function takes the ``Profile`` and defaults to 0.33.0):
+
+* ``none_hash_seed`` (0.29.0): up to 0.28 an unset ``PYTHONHASHSEED`` gave 32 random bytes, which
+  no model can predict; the spec stands for them with ``RANDOM_NONE_HASH`` and a target of such a
+  release must adopt it (the vLLM adapter installs ``get_none_hash(algo, seed, profile)``).
+* ``extra_key_form`` (0.31.0): before 0.31 the extra keys were bare values (the LoRA name,
+  ``(identifier, offset)``, the salt, the digest): the LoRA path was no part of them.
+* ``coarse_block_key`` (0.24.0): before 0.24 a group whose block is ``s`` hash blocks wide was keyed
+  on the block's ``s`` fine hashes concatenated (``get_group_block_hashes``), not the last of them.
+* ``mm_resume_scan`` (0.31.0): before 0.31 a block hashed after the request's first hashing call
+  (``Request.__init__``; later calls come from appended tokens) saw only the request's last
+  multimodal item.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spec.config import HashAlgo
+from spec.releases.profile import BASE, Profile
 from spec.types import BlockHash
 
 HashFn = Callable[[object], bytes]
@@ -122,14 +136,22 @@ def get_hash_fn(algo: HashAlgo) -> HashFn:
 
 _NONE_HASHES: dict[tuple[str, str], BlockHash] = {}
 
+RANDOM_NONE_HASH = BlockHash(hashlib.sha256(b"kvspec: stands for a NONE_HASH drawn at random").digest())
+"""What the spec uses for ``NONE_HASH`` where the release draws it at random (``none_hash_seed ==
+"random"``: vLLM 0.23-0.28 ``init_none_hash`` with ``PYTHONHASHSEED`` unset, ``os.urandom(32)``).
+Any 32 bytes are as good as the release's own draw; a target of such a release installs these."""
 
-def get_none_hash(algo: HashAlgo, python_hash_seed: str | None = None) -> BlockHash:
+
+def get_none_hash(algo: HashAlgo, python_hash_seed: str | None = None, profile: Profile = BASE) -> BlockHash:
     """vLLM 0.33 ``init_none_hash`` + ``resolve_none_hash_seed`` for the cryptographic algorithms.
 
     ``python_hash_seed`` stands for ``os.getenv("PYTHONHASHSEED")``: when it is a string (even
-    empty) it is the seed, otherwise the seed is ``"vllm-none-hash"``.  ``NONE_HASH`` is the hash of
-    the seed *string*.  Results are cached per (algo, seed).
+    empty) it is the seed, otherwise the seed is ``"vllm-none-hash"`` (from vLLM 0.29; before,
+    ``profile.none_hash_seed == "random"``: ``RANDOM_NONE_HASH``).  ``NONE_HASH`` is the hash of the
+    seed *string*.  Results are cached per (algo, seed).
     """
+    if python_hash_seed is None and profile.none_hash_seed == "random":
+        return RANDOM_NONE_HASH
     seed = DEFAULT_NONE_HASH_SEED if python_hash_seed is None else python_hash_seed
     key = (algo, seed)
     none_hash = _NONE_HASHES.get(key)
@@ -193,53 +215,65 @@ class HashFeatures:
 NO_FEATURES = HashFeatures()
 
 
-def _gen_lora_extra_keys(features: HashFeatures) -> list[object]:
-    """vLLM 0.33 ``_gen_lora_extra_hash_keys``: ``("lora", name, path)`` on every block."""
+def _gen_lora_extra_keys(features: HashFeatures, profile: Profile) -> list[object]:
+    """vLLM 0.33 ``_gen_lora_extra_hash_keys``: ``("lora", name, path)`` on every block.  Before
+    0.31 (``extra_key_form == "bare"``): the bare name, the path no part of the key."""
     if features.lora is None:
         return []
     name, path = features.lora
-    return [("lora", name, path)]
+    return [("lora", name, path) if profile.extra_key_form == "tagged" else name]
 
 
-def _gen_mm_extra_keys(features: HashFeatures, start: int, end: int) -> list[object]:
+def _gen_mm_extra_keys(features: HashFeatures, start: int, end: int, profile: Profile, resumed: bool) -> list[object]:
     """vLLM 0.33 ``_gen_mm_extra_hash_keys``: ``("mm", identifier, offset - start)`` for every item
     overlapping ``[start, end)``, in offset order; the offset is block-relative and negative for an
     item that began in an earlier block.  vLLM walks a running index across blocks; for sorted,
-    non-overlapping items that walk selects exactly the overlapping items, found here by bisection."""
+    non-overlapping items that walk selects exactly the overlapping items, found here by bisection.
+
+    ``resumed``: the block is hashed by a later call than the request's first (``mm_resume_scan``);
+    before 0.31 such a call started its walk at the last item, so only that item can be keyed."""
     mm = features.mm_features
     first = bisect.bisect_right(mm, start, key=lambda f: f.offset + f.length)  # first item ending after start
+    if resumed and profile.mm_resume_scan == "last_item":
+        first = max(first, len(mm) - 1)
+    tagged = profile.extra_key_form == "tagged"
     keys: list[object] = []
     for f in mm[first:]:
         if f.offset >= end:
             break
-        keys.append(("mm", f.identifier, f.offset - start))
+        keys.append(("mm", f.identifier, f.offset - start) if tagged else (f.identifier, f.offset - start))
     return keys
 
 
-def _gen_cache_salt_extra_keys(features: HashFeatures, start: int) -> list[object]:
-    """vLLM 0.33 ``generate_block_hash_extra_keys``: ``("cache_salt", salt)`` on the block at token 0."""
+def _gen_cache_salt_extra_keys(features: HashFeatures, start: int, profile: Profile) -> list[object]:
+    """vLLM 0.33 ``generate_block_hash_extra_keys``: ``("cache_salt", salt)`` on the block at token 0
+    (before 0.31: the bare salt)."""
     if start == 0 and features.cache_salt:
-        return [("cache_salt", features.cache_salt)]
+        return [("cache_salt", features.cache_salt) if profile.extra_key_form == "tagged" else features.cache_salt]
     return []
 
 
-def _gen_prompt_embeds_extra_keys(features: HashFeatures, start: int, end: int) -> list[object]:
+def _gen_prompt_embeds_extra_keys(features: HashFeatures, start: int, end: int, profile: Profile) -> list[object]:
     """vLLM 0.33 ``_gen_prompt_embeds_extra_hash_keys``: ``("prompt_embeds", sha256 digest of the raw
-    bytes of embeds[start:end])``; always plain SHA-256, whatever the block hash algorithm."""
+    bytes of embeds[start:end])``; always plain SHA-256, whatever the block hash algorithm (before
+    0.31: the bare digest)."""
     if features.prompt_embeds is None:
         return []
     digest = hashlib.sha256(b"".join(features.prompt_embeds[start:end])).digest()
-    return [("prompt_embeds", digest)]
+    return [("prompt_embeds", digest) if profile.extra_key_form == "tagged" else digest]
 
 
-def generate_block_extra_keys(features: HashFeatures, start: int, end: int) -> tuple[object, ...] | None:
+def generate_block_extra_keys(
+    features: HashFeatures, start: int, end: int, profile: Profile = BASE, resumed: bool = False
+) -> tuple[object, ...] | None:
     """vLLM 0.33 ``generate_block_hash_extra_keys`` for the block covering tokens ``[start, end)``:
-    lora + mm + cache_salt + prompt_embeds keys in that order, or None when there are none."""
+    lora + mm + cache_salt + prompt_embeds keys in that order, or None when there are none.
+    ``resumed``: the block is hashed after the request's first hashing call (``_gen_mm_extra_keys``)."""
     keys = (
-        _gen_lora_extra_keys(features)
-        + _gen_mm_extra_keys(features, start, end)
-        + _gen_cache_salt_extra_keys(features, start)
-        + _gen_prompt_embeds_extra_keys(features, start, end)
+        _gen_lora_extra_keys(features, profile)
+        + _gen_mm_extra_keys(features, start, end, profile, resumed)
+        + _gen_cache_salt_extra_keys(features, start, profile)
+        + _gen_prompt_embeds_extra_keys(features, start, end, profile)
     )
     return tuple(keys) if keys else None
 
@@ -269,12 +303,15 @@ def extend_block_hashes(
     hash_block_size: int,
     algo: HashAlgo,
     python_hash_seed: str | None = None,
+    profile: Profile = BASE,
 ) -> tuple[BlockHash, ...]:
     """vLLM 0.33 ``get_request_block_hasher`` (no lookahead tokens) as run by
     ``Request.update_block_hashes``: hash every full ``hash_block_size`` block after the ones in
     ``block_hashes``, chaining from the last of them, and return the whole tuple.
 
-    The result has ``len(all_token_ids) // hash_block_size`` entries and equals hashing from scratch.
+    The result has ``len(all_token_ids) // hash_block_size`` entries.  It equals hashing from
+    scratch, except before vLLM 0.31 (``profile.mm_resume_scan``), where blocks after the first
+    ones a request hashed may miss multimodal keys (``spec.request.recompute_block_hashes`` follows that).
     ``python_hash_seed`` is ``PYTHONHASHSEED`` as vLLM's ``init_none_hash`` would read it.
     """
     if hash_block_size < 1:
@@ -289,12 +326,42 @@ def extend_block_hashes(
     if done == num_full:
         return block_hashes
     hash_fn = get_hash_fn(algo)
-    none_hash = get_none_hash(algo, python_hash_seed)
+    none_hash = get_none_hash(algo, python_hash_seed, profile)
     parent = block_hashes[-1] if block_hashes else None
+    resumed = done > 0  # vLLM: the hasher's start token index is past 0
     new: list[BlockHash] = []
     for k in range(done, num_full):
         start, end = k * hash_block_size, (k + 1) * hash_block_size
-        extra_keys = generate_block_extra_keys(features, start, end)
+        extra_keys = generate_block_extra_keys(features, start, end, profile, resumed)
         parent = hash_block_tokens(hash_fn, none_hash, parent, all_token_ids[start:end], extra_keys)
         new.append(parent)
     return block_hashes + tuple(new)
+
+
+def get_group_block_hashes(
+    block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int, profile: Profile = BASE
+) -> Sequence[BlockHash]:
+    """A request's hashes as a group of ``block_size`` keys its blocks (vLLM 0.33 ``resolve_block_hashes``
+    / ``BlockHashListWithBlockSize``): for a group ``s = block_size // hash_block_size`` hash blocks
+    wide, block j's is fine hash ``(j+1)*s - 1``; hashes chain, so that one fingerprints the whole
+    prefix.  Before vLLM 0.24 (``profile.coarse_block_key``): the bytes of fine hashes ``j*s`` to
+    ``(j+1)*s - 1`` concatenated."""
+    if block_size == hash_block_size:
+        return block_hashes
+    scale = block_size // hash_block_size
+    if profile.coarse_block_key == "last_fine_hash":
+        return block_hashes[scale - 1 :: scale]
+    whole = len(block_hashes) // scale
+    return tuple(BlockHash(b"".join(block_hashes[j * scale : (j + 1) * scale])) for j in range(whole))
+
+
+HASH_BYTES = 32
+"""The digest size of every modelled hash function (``sha256``, ``sha256_cbor``)."""
+
+
+def get_published_hash(key_hash: BlockHash) -> BlockHash:
+    """The request hash a KV event names for a block keyed on ``key_hash``.  vLLM publishes the low 64
+    bits of the key's hash as an int (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, on by default), which
+    are those of the request hash it ends with: the hash itself, or the last fine hash of a
+    concatenated key (before vLLM 0.24, ``get_group_block_hashes``)."""
+    return key_hash if len(key_hash) == HASH_BYTES else BlockHash(key_hash[-HASH_BYTES:])

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from spec import arith, block_pool
 from spec.block_pool import cache_full_blocks, cache_partial_block, free_blocks, get_cached_block, get_new_blocks, touch
 from spec.config import AttentionSpec
-from spec.releases.profile import PartialTailBoundary
+from spec.hashing import get_group_block_hashes
+from spec.releases.profile import BASE, PartialTailBoundary, Profile
 from spec.request import Request
 from spec.state import (
     KVCacheManagerState,
@@ -68,15 +69,12 @@ def get_max_admission_blocks(spec: AttentionSpec, max_in_flight_tokens: int, max
 
 
 def resolve_block_hashes(
-    block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int
+    block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int, profile: Profile = BASE
 ) -> Sequence[BlockHash]:
     """vLLM 0.33 ``resolve_block_hashes`` / ``BlockHashListWithBlockSize``: a group whose block is
     ``s`` hash blocks wide sees, for its block j, the fine hash ``(j+1)*s - 1``; hashes chain, so
-    that one fingerprints the whole prefix."""
-    if block_size == hash_block_size:
-        return block_hashes
-    scale = block_size // hash_block_size
-    return block_hashes[scale - 1 :: scale]
+    that one fingerprints the whole prefix (before 0.24: ``spec.hashing.get_group_block_hashes``)."""
+    return get_group_block_hashes(block_hashes, hash_block_size, block_size, profile)
 
 
 # --- prefix-cache hit searches ---------------------------------------------------------------------
@@ -172,7 +170,7 @@ def find_longest_cache_hit(
 ) -> HitResult:
     """Dispatch on the group kind, with the pool as the lookup (``BlockPool.get_cached_block``:
     every group id must hit, each taking its oldest block under the key)."""
-    view = resolve_block_hashes(block_hashes, state.config.hash_block_size, spec.block_size)
+    view = resolve_block_hashes(block_hashes, state.config.hash_block_size, spec.block_size, state.config.profile)
 
     def cached_at(i: int) -> Sequence[BlockId] | None:
         return get_cached_block(state.pool, view[i], group_ids) if i < len(view) else None
@@ -356,7 +354,9 @@ def _cache_full_blocks(
     if num_cached >= num_full:
         return state
     table = get_table(state, gid, rid)
-    view = resolve_block_hashes(request.block_hashes, state.config.hash_block_size, spec.block_size)
+    view = resolve_block_hashes(
+        request.block_hashes, state.config.hash_block_size, spec.block_size, state.config.profile
+    )
     mask = get_reachable_block_mask(spec, num_cached, num_full, alignment)
     pool = cache_full_blocks(
         state.pool, request.all_token_ids, view, table, num_cached, num_full, spec.block_size, gid, mask

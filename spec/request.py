@@ -15,7 +15,7 @@ from enum import Enum
 
 from spec.config import HashAlgo, KVCacheConfig
 from spec.hashing import HashFeatures, MMFeature, extend_block_hashes
-from spec.releases.profile import Profile
+from spec.releases.profile import BASE, Profile
 from spec.types import BlockHash, RequestId, TokenCount
 
 PROCESS_HASH_SEED: str | None = os.environ.get("PYTHONHASHSEED")
@@ -51,6 +51,7 @@ class Request:
     # Prompt logprobs asked with cache reads allowed (``skip_reading_prefix_cache=False``), scored
     # from this prompt row on; None: no such request (``get_prefix_cache_hit_limit``).
     prompt_logprob_start: TokenCount | None = None
+    profile: Profile = BASE  # the release whose hashing rules made ``block_hashes`` (spec.hashing)
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
@@ -110,6 +111,7 @@ def make_request(
         hash_algo=config.hash_algo,
         hashing_enabled=config.enable_caching,
         prompt_logprob_start=None if prompt_logprob_start is None else TokenCount(prompt_logprob_start),
+        profile=config.profile,
     )
     return _rehash(req)
 
@@ -118,9 +120,26 @@ def _rehash(req: Request) -> Request:
     if not req.hashing_enabled:
         return req
     hashes = extend_block_hashes(
-        req.block_hashes, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, PROCESS_HASH_SEED
+        req.block_hashes,
+        req.all_token_ids,
+        req.features,
+        req.hash_block_size,
+        req.hash_algo,
+        PROCESS_HASH_SEED,
+        req.profile,
     )
     return replace(req, block_hashes=hashes)
+
+
+def recompute_block_hashes(req: Request, profile: Profile) -> tuple[BlockHash, ...]:
+    """The request's block hashes recomputed from its tokens under ``profile`` as its hashing calls
+    made them: the prompt's full blocks at creation, then the rest.  Every multimodal item lies in
+    the prompt, so this is exact whatever the later calls were (before vLLM 0.31 a later call keys
+    only the last item, ``mm_resume_scan``; a prompt shorter than a block hashes nothing at
+    creation, and the first call that does sees every item, which then all lie in its first block)."""
+    hbs, algo = req.hash_block_size, req.hash_algo
+    at_creation = extend_block_hashes((), req.prompt_token_ids, req.features, hbs, algo, PROCESS_HASH_SEED, profile)
+    return extend_block_hashes(at_creation, req.all_token_ids, req.features, hbs, algo, PROCESS_HASH_SEED, profile)
 
 
 def append_output_token_ids(req: Request, token_ids: Sequence[int]) -> Request:

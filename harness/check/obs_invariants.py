@@ -18,6 +18,7 @@ from typing import cast
 from harness.core.observation import Observation
 from spec.block_pool import BlockPool
 from spec.config import KVCacheConfig
+from spec.hashing import get_published_hash
 from spec.invariants import check_invariants
 from spec.request import Request
 from spec.state import GroupState, KVCacheManagerState
@@ -101,10 +102,15 @@ class EventLedger:
                 self.count[key] += 1 if t == "BlockStored" else -1
 
     def check(self, obs: Observation) -> list[ObsViolation]:
+        """Events name a key by the request hash it ends with (``spec.hashing.get_published_hash``:
+        the key's hash, or the last fine hash of a concatenated key before vLLM 0.24)."""
         out = []
-        keys = set(self.count) | set(obs.cached)
+        held: dict[bytes, tuple[int, ...]] = {}
+        for key, blocks in obs.cached.items():
+            held[get_published_hash(BlockHash(key[:-4])) + key[-4:]] = tuple(blocks)
+        keys = set(self.count) | set(held)
         for key in sorted(keys):
-            want = len(obs.cached.get(key, ()))
+            want = len(held.get(key, ()))
             got = self.count.get(key, 0)
             if want != got:
                 out.append(
@@ -112,7 +118,7 @@ class EventLedger:
                         "events_replay",
                         f"events say key {key[:-4].hex()[:12]}/g{get_group_id(BlockKey(key))} is stored {got} time(s), "
                         f"the map holds {want} block(s)",
-                        tuple(obs.cached.get(key, ())),
+                        held.get(key, ()),
                     )
                 )
         return out

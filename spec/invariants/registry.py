@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from spec.config import KVCacheConfig
 from spec.events import Event
+from spec.hashing import get_group_block_hashes
 from spec.registry import Registry
 from spec.request import Request
 from spec.state import KVCacheManagerState
@@ -59,10 +60,11 @@ class StateContext:
         return set(self.state.pool.free_queue)
 
     def view_hashes(self, rid: RequestId, gid: int) -> Sequence[BlockHash]:
-        """``H_g(r)``: the request's hashes seen at group g's block size (last fine hash)."""
+        """``H_g(r)``: the request's hashes as group g keys its blocks (the last fine hash of each;
+        before vLLM 0.24 all of them concatenated: ``spec.hashing.get_group_block_hashes``)."""
         hashes = self.requests[rid].block_hashes
-        scale = self.config.groups[gid].block_size // self.config.hash_block_size
-        return hashes if scale == 1 else hashes[scale - 1 :: scale]
+        bs, hbs = self.config.groups[gid].block_size, self.config.hash_block_size
+        return get_group_block_hashes(hashes, hbs, bs, self.config.profile)
 
 
 @dataclass

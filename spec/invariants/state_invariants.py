@@ -11,10 +11,20 @@ from typing import Any
 
 from spec.config import KVCacheConfig
 from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
-from spec.hashing import extend_block_hashes
+from spec.hashing import get_published_hash
 from spec.invariants.registry import SPEC_INVARIANTS, StateContext
-from spec.request import PROCESS_HASH_SEED, Request
-from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, BlockKey, GroupId, get_group_id, make_block_key
+from spec.releases.profile import Profile
+from spec.request import Request, recompute_block_hashes
+from spec.types import (
+    NULL_BLOCK_ID,
+    BlockHash,
+    BlockId,
+    BlockKey,
+    GroupId,
+    get_block_hash,
+    get_group_id,
+    make_block_key,
+)
 
 # --- pool and free queue ---------------------------------------------------------------------------
 
@@ -272,13 +282,14 @@ def cache_bounds(c: StateContext) -> str | None:
 @SPEC_INVARIANTS.register("§9.12", "state")
 def hash_chain(c: StateContext) -> str | None:
     """Each request's hashes are exactly its full blocks' chained hashes (none when caching is off):
-    ``len == num_tokens // hash_block_size``, each recomputed from its parent, tokens and extra keys."""
+    ``len == num_tokens // hash_block_size``, each recomputed from its parent, tokens and extra keys
+    under the release's hashing rules (``spec.request.recompute_block_hashes``)."""
     hbs = c.config.hash_block_size
     for rid, req in c.requests.items():
         expected_len = req.num_tokens // hbs if c.config.enable_caching else 0
         if len(req.block_hashes) != expected_len:
             return f"request {rid!r} has {len(req.block_hashes)} block hashes, expected {expected_len}"
-        if expected_len and _recompute_hashes(req) != req.block_hashes:
+        if expected_len and _recompute_hashes(req, c.config.profile) != req.block_hashes:
             return f"request {rid!r} block hashes do not match a recomputation from its tokens"
     return None
 
@@ -286,15 +297,13 @@ def hash_chain(c: StateContext) -> str | None:
 _HASH_MEMO: dict[tuple[Any, ...], tuple[BlockHash, ...]] = {}
 
 
-def _recompute_hashes(req: Request) -> tuple[BlockHash, ...]:
-    memo_key = (req.all_token_ids, req.features, req.hash_block_size, req.hash_algo)
+def _recompute_hashes(req: Request, profile: Profile) -> tuple[BlockHash, ...]:
+    memo_key = (req.prompt_token_ids, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, profile)
     hashes = _HASH_MEMO.get(memo_key)
     if hashes is None:
         if len(_HASH_MEMO) > 4096:
             _HASH_MEMO.clear()
-        hashes = extend_block_hashes(
-            (), req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, PROCESS_HASH_SEED
-        )
+        hashes = recompute_block_hashes(req, profile)
         _HASH_MEMO[memo_key] = hashes
     return hashes
 
@@ -371,7 +380,9 @@ def free_queue_partition(c: StateContext) -> str | None:
 @SPEC_INVARIANTS.register("§9.20", "state")
 def events_rebuild_hash_map(c: StateContext) -> str | None:
     """With events on, replaying every event (taken and pending) rebuilds the hash map: each key
-    is stored as many times as blocks hold it."""
+    is stored as many times as blocks hold it.  Events name a key by the request hash it ends with
+    (``spec.hashing.get_published_hash``: the key's hash itself, or before vLLM 0.24 the last fine
+    hash of a concatenated key)."""
     if not c.config.enable_kv_cache_events or c.event_log is None:
         return None
     counts: Counter[BlockKey] = Counter()
@@ -385,8 +396,10 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
             for h in e.block_hashes:
                 counts[make_block_key(h, e.group_id)] -= 1
     replayed = {k: n for k, n in counts.items() if n != 0}
-    actual = {k: len(v) for k, v in c.state.pool.cached.items()}
-    if replayed != actual:
+    actual: Counter[BlockKey] = Counter()
+    for k, v in c.state.pool.cached.items():
+        actual[make_block_key(get_published_hash(get_block_hash(k)), get_group_id(k))] += len(v)
+    if replayed != dict(actual):
         missing = set(actual) - set(replayed)
         extra = set(replayed) - set(actual)
         return (

@@ -1,12 +1,13 @@
 """What a KV slot holds: an exact, interned identity (docs/semantics.md §11.1).
 
 The K and V a model writes for position ``p`` are a function of the tokens ``0..p`` and of what
-else changes the numbers there: the LoRA adapter (every position), the multimodal item and the
-offset inside it at a placeholder position, the prompt-embedding row of an embeddings prompt.
-``cache_salt`` changes no number, so it is no part of the identity (a salt separates tenants'
-hashes, not their KV).  An identity is a node of a prefix trie, interned: equal prefixes get equal
-ids across requests, and comparing what a slot holds with what a reader expects is one int
-comparison.
+else changes the numbers there: the LoRA adapter (every position; its name *and* path: two adapters
+may share a name), the multimodal item and the offset inside it at a placeholder position, the
+prompt-embedding row of an embeddings prompt.  The ``cache_salt`` changes no number, but it names
+the tenant the KV was computed for, which no other tenant may read; it is part of the identity too.
+An identity is a node of a prefix trie, interned: equal prefixes get equal ids across requests, and
+comparing what a slot holds with what a reader expects is one int comparison.  ``explain`` names
+what separates two identities (for witnesses and the known-bug registry).
 
 Two more kinds of identity: a *pending* one for a position computed before its token is known
 (an async-scheduling placeholder, a padded draft slot; one per request and position), and an
@@ -22,6 +23,13 @@ from collections.abc import Hashable, Sequence
 from typing import NewType
 
 from spec.hashing import HashFeatures, MMFeature
+
+Difference = str
+"""What separates the KV a slot holds from the KV a reader needs (``IdentityTrie.explain``):
+``lora-path`` (one adapter name, another path), ``lora`` (another adapter, or none), ``cache-salt``
+(another tenant), ``tokens``, ``mm`` (a multimodal item or the offset in it), ``prompt-embeds`` (at
+the first position that differs, checked in that order), ``position`` (the KV of another position),
+``pending``, ``encoder``, ``unwritten``."""
 
 KVIdentity = NewType("KVIdentity", int)
 """An interned identity: equal ids hold interchangeable KV."""
@@ -62,12 +70,14 @@ class IdentityTrie:
 
     def __init__(self) -> None:
         self._nodes: dict[tuple[int, Hashable], KVIdentity] = {}
+        self._links: list[tuple[int, Hashable]] = []  # node -> (parent, key), for ``explain``
         self.origin: dict[KVIdentity, tuple[str, str, int]] = {}
 
     def _intern(self, parent: int, key: Hashable, origin: tuple[str, str, int]) -> KVIdentity:
         node = self._nodes.get((parent, key))
         if node is None:
             node = self._nodes[(parent, key)] = KVIdentity(len(self._nodes))
+            self._links.append((parent, key))
             self.origin[node] = origin
         return node
 
@@ -78,9 +88,10 @@ class IdentityTrie:
         kind, rid, p = self.origin[identity]
         return f"{kind} #{identity} (first: {rid} position {p})"
 
-    def get_root(self, lora: tuple[str, str] | None, request_id: str) -> KVIdentity:
-        """The empty prefix of a request: one per LoRA adapter (LoRA changes every position)."""
-        return self._intern(_SEQUENCE_ROOT, ("lora", lora), ("empty prefix", request_id, -1))
+    def get_root(self, lora: tuple[str, str] | None, cache_salt: str | None, request_id: str) -> KVIdentity:
+        """The empty prefix of a request: one per LoRA adapter (name and path: LoRA changes every
+        position) and tenant (cache salt; an empty salt is none, as in vLLM's keys)."""
+        return self._intern(_SEQUENCE_ROOT, ("context", lora, cache_salt or None), ("empty prefix", request_id, -1))
 
     def get_child(self, parent: KVIdentity, key: PositionKey, request_id: str, position: int) -> KVIdentity:
         """The prefix ``parent`` extended by one position holding ``key`` (§11.1)."""
@@ -99,6 +110,52 @@ class IdentityTrie:
         """Stands for a position whose token was not known when it was computed."""
         return self.origin[identity][0] == "pending"
 
+    def _chain(self, identity: KVIdentity) -> tuple[object, object, list[Hashable]]:
+        """A prefix node's LoRA adapter and salt (its root) and its position keys, first position first."""
+        keys = []
+        node: int = identity
+        while self._links[node][0] >= 0:
+            parent, key = self._links[node]
+            keys.append(key)
+            node = parent
+        root = self._links[node][1]
+        assert isinstance(root, tuple) and root[0] == "context", f"identity {identity} is not a prefix"
+        return root[1], root[2], keys[::-1]
+
+    def explain(self, expected: KVIdentity, held: KVIdentity | None) -> Difference | None:
+        """What separates ``held`` from ``expected`` (``Difference``), None when they are equal.
+        Only for findings: it walks both prefixes."""
+        if held is None:
+            return "unwritten"
+        if held == expected:
+            return None
+        kinds = (self.origin[held][0], self.origin[expected][0])
+        for kind in ("pending", "encoder"):
+            if kind in kinds:
+                return kind
+        lora_e, salt_e, keys_e = self._chain(expected)
+        lora_h, salt_h, keys_h = self._chain(held)
+        if lora_e != lora_h:
+            same_name = isinstance(lora_e, tuple) and isinstance(lora_h, tuple) and lora_e[0] == lora_h[0]
+            return "lora-path" if same_name else "lora"
+        if salt_e != salt_h:
+            return "cache-salt"
+        if len(keys_e) != len(keys_h):
+            return "position"
+        for ke, kh in zip(keys_e, keys_h, strict=True):
+            if ke != kh:
+                (te, mme, _), (th, mmh, _) = _parts(ke), _parts(kh)
+                return "tokens" if te != th else "mm" if mme != mmh else "prompt-embeds"
+        raise AssertionError("two identities with equal prefixes are one node")
+
+
+def _parts(key: Hashable) -> tuple[object, object, object]:
+    """(token, multimodal key, embedding row) of a position key (``get_position_key``)."""
+    if isinstance(key, tuple):
+        token, mm, row = key
+        return token, mm, row
+    return key, None, None
+
 
 class SequenceIdentities:
     """The identities of one request's positions (§11.1).
@@ -110,7 +167,7 @@ class SequenceIdentities:
         self.trie = trie
         self.request_id = request_id
         self.features = features
-        self.root = trie.get_root(features.lora, request_id)
+        self.root = trie.get_root(features.lora, features.cache_salt, request_id)
         self.verified: list[KVIdentity] = []
 
     def _extend(self, tokens: Sequence[int], num_verified: int) -> None:

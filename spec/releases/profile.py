@@ -48,6 +48,26 @@ CachingOffFreeOrder = Literal["front", "tail"]
 """Where ``BlockPool.free_blocks`` puts blocks reaching 0 when prefix caching is off: ``front``
 (LIFO reuse) or ``tail`` (FIFO reuse; vLLM 0.27.x)."""
 
+NoneHashSeed = Literal["fixed", "random"]
+"""Where ``NONE_HASH`` (the first block's parent) comes from when ``PYTHONHASHSEED`` is unset:
+``fixed``: the hash of the constant seed ``"vllm-none-hash"``; ``random``: 32 random bytes drawn at
+every ``init_none_hash`` (the spec stands for them with ``spec.hashing.RANDOM_NONE_HASH``)."""
+
+ExtraKeyForm = Literal["bare", "tagged"]
+"""How a block's extra keys are written: ``tagged``, each a tuple naming its source, the LoRA
+adapter by name and path (``("lora", name, path)``, ``("mm", identifier, offset)``, ``("cache_salt",
+salt)``, ``("prompt_embeds", digest)``); ``bare``, the values alone and the LoRA adapter by its name
+only (``name``, ``(identifier, offset)``, ``salt``, ``digest``)."""
+
+CoarseBlockKey = Literal["last_fine_hash", "concatenated"]
+"""What keys a block of a group ``s`` hash blocks wide: the last of its ``s`` fine hashes (they chain,
+so it names the whole prefix), or the bytes of all ``s`` concatenated."""
+
+MMResumeScan = Literal["last_item", "window"]
+"""Which multimodal items a block hashed after the request was created (output tokens completing
+it) is keyed on: ``last_item``: only the request's last item, if it overlaps the block; ``window``:
+every item overlapping the block, as for blocks hashed at creation."""
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -73,6 +93,11 @@ class Profile:
     cache_past_hashes: CachePastHashes = "cap"
     finish_free_order: FinishFreeOrder = "split"
     caching_off_free_order: CachingOffFreeOrder = "front"
+    # block hashing (spec.hashing)
+    none_hash_seed: NoneHashSeed = "fixed"
+    extra_key_form: ExtraKeyForm = "tagged"
+    mm_resume_scan: MMResumeScan = "window"
+    coarse_block_key: CoarseBlockKey = "last_fine_hash"
 
     def knobs(self) -> dict[str, object]:
         """The knob values only (what decides behaviour)."""

@@ -38,4 +38,19 @@ CHANGES: tuple[Change, ...] = (
         before="append",
         after="split",
     ),
+    Change(
+        name="coarse_group_hash_is_last_fine_hash",
+        release="0.24.0",
+        models="vllm/v1/core/kv_cache_utils.py: BlockHashListWithBlockSize",
+        summary=(
+            "A group whose block is s hash blocks wide keyed its block j on the s fine hashes of the "
+            "block concatenated; from 0.24 on the last of them alone (hashes chain, so it names the "
+            "whole prefix). Observable: the hash-map keys of such groups (hybrids of different block "
+            "sizes, a hash block size override); lookups use the same view, so hits do not change, and "
+            "int KV events carry the low 64 bits, the same either way."
+        ),
+        knob="coarse_block_key",
+        before="concatenated",
+        after="last_fine_hash",
+    ),
 )

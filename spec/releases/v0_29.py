@@ -36,4 +36,18 @@ CHANGES: tuple[Change, ...] = (
         before=False,
         after=True,
     ),
+    Change(
+        name="none_hash_default_seed",
+        release="0.29.0",
+        models="vllm/v1/core/kv_cache_utils.py: init_none_hash, resolve_none_hash_seed",
+        summary=(
+            "With PYTHONHASHSEED unset, NONE_HASH (the parent of every request's first block) was 32 "
+            "random bytes drawn at each init_none_hash, so no two processes (or resets) agreed on any "
+            "block hash; from 0.29 sha256 and sha256_cbor hash the constant seed 'vllm-none-hash'. "
+            "Observable: every block hash and hash-map key (hits inside one process are unchanged)."
+        ),
+        knob="none_hash_seed",
+        before="random",
+        after="fixed",
+    ),
 )

@@ -63,3 +63,20 @@ def test_event_ledger_detects_a_missing_event(running):
     ledger2 = EventLedger()
     ledger2.feed([e for e in events if e["type"] != "BlockStored"])
     assert ledger2.check(t.observe())
+
+
+def test_event_ledger_names_a_concatenated_key_by_its_last_fine_hash():
+    """vLLM 0.23 keys a block of a group two hash blocks wide on both fine hashes concatenated, and its
+    int events carry the last one's low 64 bits (spec.hashing.get_published_hash): the replay matches."""
+    from spec.releases.line import profile_for
+
+    config = KVCacheConfig(16, (full_attention(4), full_attention(8)), 32, enable_kv_cache_events=True)
+    t = SpecTarget()
+    t.reset(dataclasses.replace(config, profile=profile_for("0.23.0")))
+    t.apply(O.AddRequest("a", tuple(range(1, 10))))
+    assert t.apply(O.AllocateSlots("a", 9)) is not None
+    obs = t.observe()
+    assert any(len(k) == 68 for k in obs.cached)  # h0 ++ h1 ++ group 1
+    ledger = EventLedger()
+    ledger.feed(t.apply(O.TakeEvents()))
+    assert ledger.check(obs) == []
