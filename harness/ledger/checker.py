@@ -97,7 +97,10 @@ class LedgerEvents:
         embeds = None if rec.prompt_embeds is None else tuple(bytes.fromhex(r) for r in rec.prompt_embeds)
         mm = tuple(MMFeature(m.identifier, m.offset, m.length) for m in rec.mm_features)
         features = HashFeatures(
-            lora=rec.lora, mm_features=tuple(sorted(mm, key=lambda m: m.offset)), prompt_embeds=embeds
+            lora=rec.lora,
+            mm_features=tuple(sorted(mm, key=lambda m: m.offset)),
+            cache_salt=rec.cache_salt,
+            prompt_embeds=embeds,
         )
         r = LedgerRequest(rec, encoder=mm)
         r.ids = SequenceIdentities(self.trie, rec.request_id, features)
@@ -363,6 +366,8 @@ class LedgerChecker:
             e.run.recompute if e.run is not None else None,
             a.shared,
             self.op_index,
+            self.events.trie.explain(a.expected, a.held),
+            self.config.profile.release,
         )
 
 

@@ -15,6 +15,15 @@ from typing import Any
 from spec.config import AttentionSpec
 
 VERBS = {"write": "writes", "read": "reads", "publish": "publishes"}
+DIFFERS = {  # spec.kv_ledger.identity.Difference, in words
+    "lora-path": "the LoRA adapter's path (same name)",
+    "lora": "the LoRA adapter",
+    "cache-salt": "the cache salt (tenant)",
+    "mm": "a multimodal item",
+    "prompt-embeds": "the prompt embeddings",
+    "tokens": "the tokens",
+    "position": "the position",
+}
 
 
 @dataclass
@@ -42,10 +51,13 @@ class LedgerFinding:
     recompute: str | None  # full-remote-load | load-recovery: why the token was computed again
     shared: bool  # the block was referenced twice or published (writes)
     op_index: int = -1
+    differs: str | None = None  # what separates held from expected (spec.kv_ledger.identity.Difference)
+    release: str | None = None  # the vLLM release the run modelled (None: a what-if profile)
 
     @property
     def signature(self) -> dict[str, Any]:
-        """The stable, matchable fields (no request ids, block ids or positions)."""
+        """The stable, matchable fields (no request ids, block ids or positions); ``differs`` says
+        what separates the KV held from the KV needed, ``release`` which release was modelled."""
         return {
             "invariant": self.invariant,
             "group_kind": self.group_kind,
@@ -56,6 +68,8 @@ class LedgerFinding:
             "prompt_len": self.prompt_len,
             "source": self.source,
             "recompute": self.recompute,
+            "differs": self.differs,
+            "release": self.release,
         }
 
     @property
@@ -69,6 +83,8 @@ class LedgerFinding:
         out += f", position from {self.source.replace('-', ' ')}"
         if self.recompute is not None:
             out += f", recomputed after {self.recompute.replace('-', ' ')}"
+        if self.differs not in (None, "unwritten"):
+            out += f", held KV differs in {DIFFERS.get(self.differs, self.differs)}"
         return out
 
     @property
@@ -112,6 +128,8 @@ class LedgerFinding:
             ("block / slot", f"{'-' if self.block is None else self.block} / {self.slot}"),
             ("expected", self.expected),
             ("held", self.held),
+            ("held KV differs in", DIFFERS.get(self.differs or "", self.differs or "-")),
+            ("release", self.release or "what-if profile"),
             (
                 "position came from",
                 self.source + (f"; token recomputed after {self.recompute}" if self.recompute else ""),

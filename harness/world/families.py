@@ -252,6 +252,22 @@ def _prompt_embeds(draw: st.DrawFn) -> KVCacheConfig:
     return draw(st.one_of(_full(), _sliding(), _hybrid_equal()))
 
 
+@family("request_keys", features={"request_keys"})
+@st.composite
+def _request_keys(draw: st.DrawFn) -> KVCacheConfig:
+    """LoRA adapters sharing a name, salts equal to adapter names, images in the prompt's tail and
+    next turns of conversations: the inputs older releases' block keys could not tell apart.  Mostly
+    full attention in blocks of 4 or 8, so that two images fit in a prompt's unfinished block."""
+    bs = draw(st.sampled_from([4, 8]))
+    num_blocks, seq_blocks = draw(_pool(6))
+    full = KVCacheConfig(
+        BlockCount(num_blocks), (full_attention(bs),), TokenCount(draw(near_multiples(bs, 2, seq_blocks * bs)))
+    )
+    if draw(st.integers(0, 3)):
+        return full
+    return draw(st.one_of(_sliding(), _hybrid_equal()))
+
+
 FAMILIES = tuple(REGISTRY)  # the built-in families
 
 

@@ -43,6 +43,8 @@ class SchedConfig:
     prompt_embeds: bool = False
     # The release modelled (``spec.releases``): the config's profile.
     profile: Profile = BASE
+    # Inputs some release's block keys cannot tell apart (harness.world.request_keys).
+    request_keys: bool = False
 
 
 @dataclass

@@ -20,6 +20,14 @@ from typing import Any, TypeVar
 from harness.core import ops as O
 from harness.world.choices import Choices
 from harness.world.records import SchedConfig
+from harness.world.request_keys import (
+    MAX_TURN_SOURCES,
+    SALT_LIKE_LORA,
+    SHARED_NAME_LORA,
+    Turn,
+    draw_tail_items,
+    next_turn,
+)
 from harness.world.scheduler import Scheduler
 from spec.config import KVCacheConfig
 
@@ -92,7 +100,8 @@ def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str
       ``max_concurrent_batches (2) * max_num_batched_tokens``, so the budget is half of the config's
       ``max_in_flight_tokens``; no connector (a consumer connector defers block frees outside the
       manager API), no drafts;
-    - ``prompt_embeds``: requests may carry prompt embeddings."""
+    - ``prompt_embeds``: requests may carry prompt embeddings;
+    - ``request_keys``: inputs some release's block keys cannot tell apart (``harness.world.request_keys``)."""
     encoder_decoder = "encoder_decoder" in features
     async_scheduling = "async_scheduling" in features
     if encoder_decoder or async_scheduling:
@@ -104,6 +113,7 @@ def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str
         async_scheduling=async_scheduling,
         encoder_decoder=encoder_decoder,
         prompt_embeds="prompt_embeds" in features,
+        request_keys="request_keys" in features,
     )
 
 
@@ -151,6 +161,7 @@ class Workload:
         self.counts: Counter[str] = Counter()
         self.prefixes: list[tuple[int, ...]] = []
         self.prompts: list[tuple[int, ...]] = []
+        self.finished: list[Turn] = []  # request_keys: finished conversations, for a next turn
         self.draw_prefixes(ch)
 
     def draw_prefixes(self, ch: Choices) -> None:
@@ -174,8 +185,15 @@ class Workload:
         LoRA adapter, a cache salt, a multimodal item or prompt logprobs."""
         mml = self.config.max_model_len
         bs = self.config.scheduler_block_size
-        limit = max(1, ch.integer(mml // 2, mml - 1, "prompt_limit"))
-        if self.prompts and ch.integer(0, 4, "repeat_prompt?") == 0:
+        keys = self.sched.cfg.request_keys
+        # request_keys: shorter prompts too, so that output tokens complete the prompt's last block
+        limit = max(1, ch.integer(mml // (3 if keys else 2), mml - 1, "prompt_limit"))
+        turn: Turn | None = None
+        if keys and self.turn_sources() and ch.integer(0, 2, "next_turn?") == 0:
+            turn = next_turn(ch, self.turn_sources(), limit)
+            prompt = turn[0]
+            self.counts["next_turn"] += 1
+        elif self.prompts and ch.integer(0, 4, "repeat_prompt?") == 0:
             prompt = ch.choice(self.prompts, "repeated_prompt")
             self.counts["repeat_prompt"] += 1
         else:
@@ -188,15 +206,19 @@ class Workload:
         lora = cache_salt = None
         mm: tuple[O.MMFeatureSpec, ...] = ()
         if features == 1:
-            lora = ch.choice(LORAS, "lora")
+            lora = ch.choice(LORAS + (SHARED_NAME_LORA,) if keys else LORAS, "lora")
         elif features == 2:
-            cache_salt = ch.choice(CACHE_SALTS, "cache_salt")
+            cache_salt = ch.choice(CACHE_SALTS + (SALT_LIKE_LORA,) if keys else CACHE_SALTS, "cache_salt")
+        elif keys and features in (0, 3, 5, 6, 7):
+            mm = draw_tail_items(ch, len(prompt), self.config.hash_block_size)
         elif features == 3:
             # An item's identifier is its content hash, so it fixes its placeholder length too.
             ident = ch.choice(sorted(MM_ITEM_LENGTHS), "mm_id")
             length = MM_ITEM_LENGTHS[ident]
             if length <= len(prompt):
                 mm = (O.MMFeatureSpec(ident, ch.integer(0, len(prompt) - length, "mm_offset"), length),)
+        if turn is not None:
+            mm = turn[1]  # a conversation keeps its images
         if 1 <= features <= len(FEATURES):
             self.counts[f"feature_{FEATURES[features - 1]}"] += 1
         embeds = None
@@ -227,6 +249,12 @@ class Workload:
         self.counts["feature_prompt_logprob_start"] += 1
         return ch.integer(0, prompt_len, "prompt_logprob_start", boundary=self.config.scheduler_block_size)
 
+    def turn_sources(self) -> list[Turn]:
+        """request_keys: the conversations a next turn may continue: live or finished requests that
+        have answered (hold output tokens)."""
+        reqs = [r for _, r in sorted(self.sched.reqs.items()) if r.output_token_ids]
+        return self.finished + [(tuple(r.all_token_ids), r.mm_features) for r in reqs]
+
     def encoder_input(self, ch: Choices) -> O.MMFeatureSpec:
         """An encoder-decoder request's encoder input (e.g. Whisper's audio): one item at position
         0 whose length is the number of encoder tokens the cross-attention group stores."""
@@ -241,7 +269,11 @@ class Workload:
 
     def finish(self, ch: Choices) -> None:
         """A running request stops (EOS, stop token, max tokens)."""
-        self.sched.finish(ch.choice(self.sched.running, "finished"))
+        rid = ch.choice(self.sched.running, "finished")
+        r = self.sched.reqs[rid]
+        if self.sched.cfg.request_keys and r.output_token_ids:
+            self.finished = [*self.finished, (tuple(r.all_token_ids), r.mm_features)][-MAX_TURN_SOURCES:]
+        self.sched.finish(rid)
 
     def abort(self, ch: Choices) -> None:
         """The client goes away (one time in three the rule does nothing)."""

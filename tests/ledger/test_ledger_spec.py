@@ -41,11 +41,17 @@ def test_equal_prefixes_equal_identities_across_requests():
     assert a[3] != b[3]  # same token, different prefix
 
 
-def test_lora_mm_and_embeds_change_the_identity_the_salt_does_not():
+def test_lora_mm_embeds_and_the_salt_change_the_identity():
+    """The salt changes no number but names the tenant, which no other tenant may read (§11.1)."""
     t = IdentityTrie()
     plain = ids(t, "p", (1, 2, 3))
-    assert ids(t, "s", (1, 2, 3), HashFeatures(cache_salt="tenant-a")) == plain
+    assert ids(t, "s", (1, 2, 3), HashFeatures(cache_salt="tenant-a"))[0] != plain[0]
+    assert ids(t, "s0", (1, 2, 3), HashFeatures(cache_salt="")) == plain
     assert ids(t, "l", (1, 2, 3), HashFeatures(lora=("sql", "/l")))[0] != plain[0]
+    assert (
+        ids(t, "l2", (1, 2, 3), HashFeatures(lora=("sql", "/l2")))[0]
+        != ids(t, "l", (1, 2, 3), HashFeatures(lora=("sql", "/l")))[0]
+    )
     mm = ids(t, "m", (1, 2, 3), HashFeatures(mm_features=(MMFeature("img-a", 1, 1),)))
     assert mm[0] == plain[0] and mm[1] != plain[1] and mm[2] != plain[2]
     emb = ids(t, "e", (0, 0, 0), HashFeatures(prompt_embeds=(b"a", b"b", b"c")))
