@@ -58,7 +58,7 @@ def _reused(differs: str) -> Callable[[dict[str, Any]], bool]:
     return lambda s: s["invariant"] == "kv_read_own_kv" and s["source"] == "prefix-hit" and s.get("differs") == differs
 
 
-K1_K3_RELEASES = ("0.33.0", "0.34.0")  # placeholder: which releases have K1-K3 is to be checked
+K1_K3_RELEASES = RELEASES  # measured on every release 0.23.0-0.34.0 (docs/upstream; tests/upstream LAST_AFFECTED)
 
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
@@ -66,7 +66,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K1",
         "window_full_remote_load",
         "a whole-prompt remote load under a window recomputes the last token through the null block",
-        "vLLM 0.33.0 (spec, impl: modelled)",
+        "vLLM 0.23.0-0.34.0 (spec, impl: modelled)",
         "unreported",
         "tests/upstream/test_full_remote_load_window.py",
         "docs/upstream/full-remote-load-window.md",
@@ -78,7 +78,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K2",
         "window_invalid_block_recovery",
         "invalid-block recovery under a sliding window recomputes from positions whose blocks were dropped",
-        "vLLM 0.33.0 (spec, impl: modelled)",
+        "vLLM 0.23.0-0.34.0 (spec, impl: modelled)",
         "unreported",
         "tests/upstream/test_invalid_block_recovery_window.py",
         "docs/upstream/invalid-block-recovery-window.md",
@@ -90,7 +90,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K3",
         "chunk_not_block_multiple",
         "chunked local attention with a chunk that is not a block multiple counts nulls as a hit",
-        "vLLM 0.33.0 (latent: the attention backend asserts at the first forward pass)",
+        "vLLM 0.23.0-0.34.0 (latent: the attention backend asserts at the first forward pass)",
         "unreported",
         "tests/upstream/test_chunked_local_chunk_not_block_multiple.py",
         "docs/upstream/chunked-local-chunk-not-block-multiple.md",

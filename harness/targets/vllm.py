@@ -182,7 +182,7 @@ class VllmTarget(ManagerAdapter[Any]):
         self._hash_fn = {"sha256": v.hashing.sha256, "sha256_cbor": v.hashing.sha256_cbor}[config.hash_algo]
         # NONE_HASH is a module global of vllm.v1.core.kv_cache_utils: re-derive it on every reset so
         # that switching algos between resets (or between two targets) never chains from a stale seed.
-        spec_none_hash = get_none_hash(config.hash_algo, PROCESS_HASH_SEED)
+        spec_none_hash = get_none_hash(config.hash_algo, PROCESS_HASH_SEED, config.profile)
         self._none_hash = seed_none_hash(v.kv_cache_utils, self._hash_fn, spec_none_hash)
         # vLLM 0.33 EngineCore gives requests a block hasher only when prefix caching is on (or a KV
         # connector is configured, which kvspec does not model); otherwise block_hashes stays empty.
