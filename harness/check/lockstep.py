@@ -21,7 +21,7 @@ import os
 import traceback
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from harness.check.finding import Finding, FindingError
 from harness.check.guard import Call, guarded_call, malformed
@@ -36,13 +36,15 @@ from harness.core.observation import Observation
 from harness.core.ops_json import op_to_json
 from harness.ledger.checker import LedgerChecker
 from harness.ledger.finding import LedgerFinding
-from harness.ledger.known_bugs import KnownBug, match_known_bug
+from harness.ledger.known_bugs import KnownBug, NamedViolation, match_known_bug, split_known
 from harness.ledger.known_bugs import strict_known as is_strict_known
 from harness.targets import outcome_schema as S
 from harness.targets.base import Target, bind_release
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig
 from spec.invariants import StepContext, Violation, check_invariants, check_step
+
+V = TypeVar("V", bound=NamedViolation)  # an invariant violation, of the spec's state or of an observation
 
 __all__ = ["Finding", "FindingError", "Lockstep", "ledger_enabled"]
 
@@ -93,6 +95,7 @@ class Lockstep:
         self.strict_known = is_strict_known() if strict_known is None else strict_known
         self.known_hits: Counter[str] = Counter()  # known bug id -> ledger findings matching it
         self.known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]]]] = {}
+        self.muted: set[str] = set()  # invariants a known bug of this release broke (not checked again)
         self.memory = MemoryGuard(bound_from_env() if memory_mb is None else (memory_mb or None))
         # Incremental checking (``harness.core.glimpse``): glimpses after most operations, a full check
         # every ``full_every`` operations and at ``finish``; needs the spec and a glimpsing target.
@@ -249,6 +252,7 @@ class Lockstep:
         if events and self.ledger is not None and isinstance(s.op, O.TakeEvents) and isinstance(s.actual, list):
             self.ledger.feed(s.actual)
             violations += self.ledger.check(tgt_obs)
+        violations = self._unknown(s, violations, "invariant", before_ref, before_tgt)
         if violations:
             v = violations[0]
             message = f"invariant {v.name} broken on the target: {v.message}"
@@ -324,12 +328,29 @@ class Lockstep:
     ) -> None:
         """The spec's invariants: the state predicates (``state``; full checks only, they walk the
         pool) and the operation's postconditions."""
-        violations = self._spec_violations(s.op, state)
+        violations = self._unknown(s, self._spec_violations(s.op, state), "reference-invariant", before_ref, before_tgt)
         if violations:
             v = violations[0]
             message = f"spec invariant {v.name} broken: {v.message}"
             requests = {getattr(s.op, "request_id", "")} - {""}
             self._fail(s, "reference-invariant", message, set(), requests, before_ref, before_tgt, v.name)
+
+    def _unknown(self, s: Step, found: list[V], kind: str, ref: Observation | None, tgt: Observation | None) -> list[V]:
+        """``violations`` less those a known bug of the modelled release explains
+        (``harness.ledger.known_bugs.split_known``): counted, the first kept for one report."""
+        if self.strict_known:
+            return found
+        unknown, known = split_known(found, self.config.profile.release, self.muted)
+        for bug, v in known:
+            self.known_hits[bug.id] += 1
+            if bug.id not in self.known_first:
+                try:
+                    msg = f"known bug {bug.id} ({bug.name}): invariant {v.name} broken: {v.message}"
+                    blocks, requests = set(getattr(v, "blocks", ())), set(getattr(v, "requests", ()))
+                    self._fail(s, kind, msg, blocks, requests, ref, tgt, v.name)
+                except FindingError as e:
+                    self.known_first[bug.id] = (e.finding, list(self.steps))
+        return unknown
 
     def _spec_violations(self, op: O.Op, state: bool) -> list[Violation]:
         """The spec's broken invariants after ``op`` (its events logged first, spec §9.20)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from harness.ledger.finding import match_vllm_033_candidate
 from spec.releases.line import RELEASES, version_key
@@ -38,6 +38,7 @@ class KnownBug:
     fix: str  # where the proposed fix is applied at run time
     affected_releases: tuple[str, ...] = ()  # the releases that have it (empty: not recorded)
     fixed_in: str | None = None  # the first release without it (None: not fixed)
+    invariant: str | None = None  # recognised by this spec invariant breaking (not by a ledger signature)
 
     def affects(self, release: str | None) -> bool:
         """The bug is in ``release`` (None, or no releases recorded: assume so)."""
@@ -139,6 +140,78 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "0.31.0",
     ),
 )
+
+
+class NamedViolation(Protocol):
+    """A broken invariant (of the spec's state, or of an observation): its name and message."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+
+V = TypeVar("V", bound=NamedViolation)
+
+
+def _never(signature: dict[str, Any]) -> bool:
+    """For a bug recognised by an invariant: no ledger finding shows it."""
+    return False
+
+
+KNOWN_BUGS += (
+    KnownBug(
+        "K7",
+        "hybrid_second_full_group_untrimmed",
+        "a hybrid lookup cuts only the first full-attention group to the final hit; a second one keeps "
+        "blocks past it, adopted and then recomputed into",
+        "vLLM 0.23.0-0.28.0 (spec: modelled by their profiles, hybrid_hit_trim = 'first_group')",
+        "fixed in 0.29.0",
+        "tests/spec/releases/test_release_bugs_caught.py",
+        "docs/releases.md (0.29.0, bugs fixed)",
+        _never,
+        "coordinator: spec/coordinator.py (the 0.29.0 trim: profile_for('0.29.0'))",
+        releases_before("0.29.0"),
+        "0.29.0",
+        invariant="lookup_is_pure_and_bounded",
+    ),
+    KnownBug(
+        "K8",
+        "external_blocks_take_another_groups_hit",
+        "admission lets one group's external-token blocks pop a later group's untouched hit, so one "
+        "block sits in two groups' tables (vLLM issue #33775)",
+        "vLLM 0.23.0 (spec: modelled by its profile, external_allocation = 'per_group')",
+        "fixed in 0.24.0",
+        "tests/spec/releases/test_release_bugs_caught.py",
+        "docs/releases.md (0.24.0, bugs fixed)",
+        _never,
+        "coordinator: spec/coordinator.py (the 0.24.0 order: profile_for('0.24.0'))",
+        releases_before("0.24.0"),
+        "0.24.0",
+        invariant="one_group_per_block",
+    ),
+)
+
+
+def split_known(violations: list[V], release: str | None, muted: set[str]) -> tuple[list[V], list[tuple[KnownBug, V]]]:
+    """``violations`` (each with a ``name``: the invariant) split into those no known bug explains
+    and those of a bug recorded for ``release`` whose invariant they break (by design of that
+    release).  A bug's invariant is muted after its first break: the state it leaves no longer
+    meets it.  The same break in a release the bug is not recorded for is a finding."""
+    unknown: list[V] = []
+    known: list[tuple[KnownBug, V]] = []
+    for v in violations:
+        name = v.name
+        if name in muted:
+            continue
+        bug = next((b for b in KNOWN_BUGS if b.invariant == name and release in b.affected_releases), None)
+        if bug is None:
+            unknown.append(v)
+        else:
+            muted.add(name)
+            known.append((bug, v))
+    return unknown, known
 
 
 def strict_known() -> bool:

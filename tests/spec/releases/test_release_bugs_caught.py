@@ -12,7 +12,7 @@ itself (tables, ref counts, free queue: ``test_two_phase_external_allocation``) 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from release_helpers import admit, running, tokens
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
 from harness.core import ops as O
+from harness.ledger.known_bugs import split_known
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, full_attention, sliding_window
 from spec.releases.line import profile_for
@@ -29,7 +30,7 @@ from spec.types import BlockCount, TokenCount
 
 def _play(config: KVCacheConfig, release: str, ops: list[Any]) -> tuple[int, Any] | None:
     """The first finding of ``ops`` under ``release`` (its index and the finding), or None."""
-    ls = Lockstep(replace(config, profile=profile_for(release)), SpecTarget(), "exact", ledger=True)
+    ls = Lockstep(replace(config, profile=profile_for(release)), SpecTarget(), "exact", ledger=True, strict_known=True)
     ls.start()
     for i, op in enumerate(ops):
         try:
@@ -133,3 +134,36 @@ def test_hit_popped_by_another_group_is_an_invariant_finding(release: str, caugh
     i, finding = found
     assert i == 14 and finding.kind == "reference-invariant"
     assert "one_group_per_block" in finding.message and "block 6 is referenced from groups [0, 1]" in finding.message
+
+
+def test_a_known_invariant_break_is_counted_in_its_releases_only() -> None:
+    """K7 (the untrimmed second full-attention group) is a known bug of 0.23.0-0.28.0: there the
+    lookup's invariant break is counted, not raised, and the run goes on; in any other release the
+    same break is a finding (``harness.ledger.known_bugs.split_known``)."""
+    config = KVCacheConfig(BlockCount(40), (full_attention(4), full_attention(8), sliding_window(4, 4)), TokenCount(64))
+    ops = [
+        *admit("A", tuple(range(1, 34))),
+        *running("A", 33),
+        O.EvictBlocks((22,)),
+        O.AddRequest("B", tuple(range(1, 34))),
+        O.GetComputedBlocks("B"),
+    ]
+    config = replace(config, profile=profile_for("0.28.0"))
+    ls = Lockstep(config, SpecTarget(), "exact", ledger=True, strict_known=False)
+    ls.start()
+    for op in ops:
+        ls.apply(op)  # no FindingError: the break is K7's
+    assert ls.known_hits == {"K7": 1} and "lookup_is_pure_and_bounded" in ls.muted
+    first, steps = ls.known_first["K7"]
+    assert first.kind == "reference-invariant" and first.message.startswith("known bug K7") and len(steps) == 8
+
+    @dataclass
+    class Broken:
+        name: str
+        message: str = "m"
+
+    for release, known in (("0.28.0", True), ("0.23.0", True), ("0.29.0", False), ("0.34.0", False), (None, False)):
+        unknown, met = split_known([Broken("lookup_is_pure_and_bounded")], release, set())
+        assert (len(met), len(unknown)) == ((1, 0) if known else (0, 1)), release
+    assert split_known([Broken("one_group_per_block")], "0.23.0", set())[1][0][0].id == "K8"
+    assert split_known([Broken("one_group_per_block")], "0.24.0", set())[0]
