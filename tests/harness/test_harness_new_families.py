@@ -247,8 +247,8 @@ class _V033FreeOrder(_Buggy):
         "spec.block_pool",
         "free_blocks",
         lambda orig: (
-            lambda pool, blocks: dataclasses.replace(
-                orig(dataclasses.replace(pool, profile=BASE), blocks), profile=pool.profile
+            lambda pool, blocks, *args: dataclasses.replace(
+                orig(dataclasses.replace(pool, profile=BASE), blocks, *args), profile=pool.profile
             )
         ),
     )
