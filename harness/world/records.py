@@ -57,6 +57,9 @@ class SReq(BookRequest):
     aborted: bool = False  # finished while its remote KV was still loading (free delayed)
     sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
     num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned
+    # async with drafts: the ``AsyncScheduler``'s ``[-1] * k`` draft placeholders in ``spec_token_ids``
+    # (scheduler-only: the worker fills them in, so they are not emitted as ``SetSpecTokens``)
+    num_spec_placeholders: int = 0
     num_stale_output_tokens: int = 0  # async: in-flight tokens of steps before a preemption
     is_prefill_chunk: bool = False  # its last scheduled step left prompt to compute (0.33 ``Request``)
 

@@ -31,8 +31,25 @@ Modelled (0.33 ``schedule()`` / ``update_from_output``):
   stay in ``num_in_flight_tokens`` until its output is processed, sampling steps add output
   placeholders, verified blocks are cached on ``num_computed_tokens - num_in_flight_tokens``, a
   preemption marks the in-flight output stale (delivered, counters untouched) and the request is
-  not resumed before it drains; no connector and no drafts (vLLM defers frees with a consumer
-  connector, which the manager API does not show).
+  not resumed before it drains; no connector (vLLM defers frees with a consumer connector, which
+  the manager API does not show);
+- async scheduling with drafts (``AsyncScheduler._update_after_schedule``): a step that samples
+  adds ``1 + len(scheduled_spec_decode_tokens)`` output placeholders and sets ``spec_token_ids``
+  to ``[-1] * num_spec_tokens`` (``SReq.num_spec_placeholders``: scheduler-only, the worker fills
+  in the draft ids, so no ``SetSpecTokens``); the running loop (``schedule``) then schedules
+  ``num_tokens_with_spec + num_output_placeholders - num_computed_tokens`` tokens, i.e. the
+  unreturned sampled token and ``k`` draft placeholders, while the previous batch is still in
+  flight, and ``allocate_slots`` frees window blocks on that optimistic count (0.26+: less
+  ``num_in_flight_tokens``); ``update_from_output`` (``StepOutputs._take_async_output``) later
+  rolls the rejected drafts back from ``num_computed_tokens`` and ``num_output_placeholders``
+  (fresh output only; stale output of a preempted request is appended, counters untouched),
+  appends accepted drafts + bonus token (cut at ``max_model_len``, ``_update_request_with_output``),
+  resolves their placeholders and calls ``cache_blocks(num_computed_tokens - num_in_flight_tokens)``
+  for a running request; no ``update_draft_token_ids`` (``EngineCore.post_step`` skips it under
+  async scheduling).  A one-token admission is padded to ``1 + k`` (its ``k`` placeholders are
+  rejected) as in the synchronous case.
+
+The output side (``update_from_output``) is ``harness.world.outputs.StepOutputs``, a base class.
 """
 
 from __future__ import annotations
@@ -44,12 +61,13 @@ from typing import Any
 from harness.core import ops as O
 from harness.core.book import new_book_request
 from harness.world.choices import Choices
+from harness.world.outputs import StepOutputs
 from harness.world.records import Batch, RequestChanges, SchedConfig, SReq
 from harness.world.transfer import KVTransfers
 from spec.request import RequestStatus
 
 
-class Scheduler:
+class Scheduler(StepOutputs):
     """vLLM 0.33's scheduler-side bookkeeping (module docstring); its KV-transfer side is
     ``transfers`` (``harness.world.transfer.KVTransfers``), its records change through ``changes``
     (``harness.world.records.RequestChanges``)."""
@@ -122,6 +140,7 @@ class Scheduler:
         # Async: in-flight output turns stale (delivered later, counters untouched).
         r.num_stale_output_tokens = r.num_in_flight_tokens
         r.num_output_placeholders = 0
+        r.num_spec_placeholders = 0
         r.num_preemptions += 1
         self.waiting.appendleft(r.request_id)
         self.counts["preempt"] += 1
@@ -178,7 +197,10 @@ class Scheduler:
         """vLLM 0.33 ``EngineCore.step_with_batch_queue`` (queue of 2): schedule a batch while the
         queue has room and requests remain, else process the oldest batch's output."""
         if self.reqs:
-            self.in_flight.append(self.schedule())
+            batch = self.schedule()
+            if self.in_flight and (batch.drafts or batch.padded):
+                self.counts["drafts_in_flight"] += 1  # drafts scheduled while a batch is in flight
+            self.in_flight.append(batch)
             if len(self.in_flight) < 2:
                 return
         elif not self.in_flight:
@@ -196,7 +218,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             r = self.reqs[self.running[i]]
             n = min(
-                r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens,
+                r.num_tokens_with_spec + r.num_spec_placeholders + r.num_output_placeholders - r.num_computed_tokens,
                 budget,
                 cfg.max_model_len - r.num_computed_tokens - 1,
             )
@@ -220,11 +242,12 @@ class Scheduler:
             self.counts["decode" if r.num_computed_tokens >= r.num_tokens - 1 else "prefill_chunk"] += 1
             budget -= n
             i += 1
-            if r.spec_token_ids:
-                k = n + r.num_computed_tokens - r.num_tokens
+            if r.spec_token_ids or r.num_spec_placeholders:
+                k = n + r.num_computed_tokens - r.num_tokens - r.num_output_placeholders
                 if k > 0:
-                    batch.drafts[r.request_id] = r.spec_token_ids[:k]
+                    batch.drafts[r.request_id] = (r.spec_token_ids or (-1,) * r.num_spec_placeholders)[:k]
                 self.changes.set_spec(r, ())
+                r.num_spec_placeholders = 0
         if not preempted:
             self._admit_waiting(budget, scheduled, padded, prefill_scheduled)
         self._update_after_schedule(batch)
@@ -233,7 +256,8 @@ class Scheduler:
     def _update_after_schedule(self, batch: Batch) -> None:
         """vLLM 0.33 ``_update_after_schedule`` (+ ``AsyncScheduler``'s): the computed and in-flight
         counts advance by what was scheduled; a step that is no prefill chunk samples a token,
-        which async scheduling counts as an output placeholder until it returns."""
+        which async scheduling counts as an output placeholder until it returns, with one more per
+        scheduled draft, and then sets the next step's ``k`` draft placeholders."""
         for rid, n in batch.scheduled.items():
             r = self.reqs[rid]
             self.changes.set_computed(r, r.num_computed_tokens + n)
@@ -244,7 +268,9 @@ class Scheduler:
                 self.inflight_prefills.discard(rid)
                 batch.samples.add(rid)
                 if self.cfg.async_scheduling:
-                    r.num_output_placeholders += 1
+                    k = self.cfg.num_spec_tokens
+                    r.num_output_placeholders += 1 + (k if rid in batch.padded else len(batch.drafts.get(rid, ())))
+                    r.num_spec_placeholders = k
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
         cfg = self.cfg
@@ -346,97 +372,6 @@ class Scheduler:
         if not self.cfg.encoder_decoder or num_computed > 0:
             return 0
         return sum(m.length for m in r.mm_features)
-
-    def update_from_output(self, batch: Batch) -> None:
-        """vLLM 0.33 ``update_from_output`` for one batch (synchronous or async scheduling)."""
-        if self.cfg.async_scheduling:
-            self._update_from_async_output(batch)
-        else:
-            self._update_from_sync_output(batch)
-
-    def _update_from_async_output(self, batch: Batch) -> None:
-        """Async scheduling: each request's in-flight count drops by its share of the batch; output
-        of a step from before a preemption is stale (delivered, counters untouched)."""
-        for rid, n in batch.scheduled.items():
-            r = self.reqs.get(rid)
-            if r is None:
-                continue  # finished or aborted while the step was in flight: output dropped
-            self.changes.set_in_flight(r, r.num_in_flight_tokens - n)
-            stale = r.num_stale_output_tokens > 0
-            if stale:
-                r.num_stale_output_tokens -= n
-                self.counts["stale_output"] += 1
-            if rid in batch.samples:
-                self._take_async_token(r, stale)
-
-    def _take_async_token(self, r: SReq, stale: bool) -> None:
-        """``_update_request_with_output`` under async scheduling: append the sampled token; a fresh
-        one resolves a placeholder and caches the verified blocks of a running request on the
-        processed basis (``num_computed_tokens - num_in_flight_tokens``)."""
-        running = r.status == RequestStatus.RUNNING
-        if r.num_tokens < self.cfg.max_model_len:
-            self.changes.apply(r, O.AppendOutputTokens(r.request_id, (self.ch.token(f"sampled:{r.request_id}"),)))
-        if not stale and r.num_output_placeholders > 0:
-            r.num_output_placeholders -= 1
-            if running:
-                self.emit(O.CacheBlocks(r.request_id, r.num_computed_tokens - r.num_in_flight_tokens))
-                self.counts["early_cache"] += 1
-        if r.num_tokens >= self.cfg.max_model_len:
-            self.finish(r.request_id)
-            self.counts["finish_max_model_len"] += 1
-
-    def _update_from_sync_output(self, batch: Batch) -> None:
-        """Rejections roll back, sampled tokens are appended (hashing full blocks), verified blocks
-        are cached early under spec decode, new drafts proposed; requests at max_model_len stop."""
-        cfg = self.cfg
-        scheduled, padded = batch.scheduled, batch.padded
-        running = {rid: self.reqs[rid] for rid in self.running}
-        affected, fail = self.transfers.recover_invalid_blocks(scheduled, running, self.ch)
-        failed = [self._remove(rid) for rid in affected] if fail else []  # failed after the output
-        for rid in list(scheduled):
-            r = self.reqs.get(rid)
-            if r is None or rid not in self.running or rid in affected:
-                continue
-            if r.num_computed_tokens < r.num_tokens:
-                continue  # a partial prefill chunk samples nothing
-            drafts = batch.drafts.get(rid, ())
-            if rid in padded:
-                drafts = (-1,) * cfg.num_spec_tokens
-            accepted = 0
-            if drafts and rid not in padded:
-                accepted = self.ch.integer(0, len(drafts), f"accepted_drafts:{rid}")
-            rejected = len(drafts) - accepted
-            if rejected and r.num_computed_tokens > 0:
-                self.changes.set_computed(r, r.num_computed_tokens - rejected)
-                self.counts["spec_rejection"] += 1
-            new_tokens = list(drafts[:accepted]) + [self.ch.token(f"sampled:{rid}")]
-            # vLLM 0.33 ``_update_request_with_output``: tokens after a stop are dropped, and the
-            # computed count gives them back (it covers every kept token but the last).
-            keep = min(len(new_tokens), cfg.max_model_len - r.num_tokens)
-            stopped = r.num_tokens + keep >= cfg.max_model_len
-            told = self.stops(rid, tuple(new_tokens[:keep])) if self.stops is not None else None
-            if told is not None:
-                keep, stopped = min(keep, told), True
-            if keep < len(new_tokens):
-                self.changes.set_computed(r, r.num_computed_tokens - (len(new_tokens) - keep))
-                new_tokens = new_tokens[:keep]
-            if new_tokens:
-                self.changes.apply(r, O.AppendOutputTokens(rid, tuple(new_tokens)))
-                if cfg.num_spec_tokens > 0:
-                    self.emit(O.CacheBlocks(rid, r.num_computed_tokens))
-                    self.counts["early_cache"] += 1
-            if stopped:
-                self.counts["finish_max_model_len" if r.num_tokens >= cfg.max_model_len else "finish_stop"] += 1
-                self.finish(rid)
-                continue
-            if cfg.num_spec_tokens > 0:
-                k = self.ch.integer(0, cfg.num_spec_tokens, f"num_drafts:{rid}")
-                drafts = tuple(self.ch.token(f"draft:{rid}") for _ in range(k))
-                self.changes.set_spec(r, drafts)
-                if drafts:
-                    self.counts["drafts"] += 1
-        for r in failed:
-            self._free(r)
 
     # --- queries for rules ---------------------------------------------------------------------
 

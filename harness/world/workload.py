@@ -99,13 +99,16 @@ def _engine_mode(sc: SchedConfig, config: KVCacheConfig, features: frozenset[str
     - ``async_scheduling``: vLLM 0.33 ``VllmConfig.max_in_flight_tokens`` is
       ``max_concurrent_batches (2) * max_num_batched_tokens``, so the budget is half of the config's
       ``max_in_flight_tokens``; no connector (a consumer connector defers block frees outside the
-      manager API), no drafts;
+      manager API); the drafts drawn in common (``AsyncScheduler`` placeholders, scheduled while
+      the previous batch is in flight);
     - ``prompt_embeds``: requests may carry prompt embeddings;
     - ``request_keys``: inputs some release's block keys cannot tell apart (``harness.world.request_keys``)."""
     encoder_decoder = "encoder_decoder" in features
     async_scheduling = "async_scheduling" in features
-    if encoder_decoder or async_scheduling:
+    if encoder_decoder:
         sc = replace(sc, connector=False, num_spec_tokens=0, num_lookahead_tokens=0)
+    elif async_scheduling:
+        sc = replace(sc, connector=False)
     if async_scheduling and config.max_in_flight_tokens is not None:
         sc = replace(sc, token_budget=max(1, config.max_in_flight_tokens // 2))
     return replace(
