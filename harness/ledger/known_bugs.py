@@ -194,6 +194,34 @@ KNOWN_BUGS += (
 )
 
 
+def _window_read_freed(signature: dict[str, Any]) -> bool:
+    """A window read of a computed position whose block was already freed (no recompute, no load)."""
+    return (
+        signature["invariant"] == "kv_read_in_real_block"
+        and signature["group_kind"] in ("sliding_window", "chunked_local")
+        and signature["source"] == "computed"
+        and signature["recompute"] is None
+    )
+
+
+KNOWN_BUGS += (
+    KnownBug(
+        "K9",
+        "window_freed_on_computed_total",
+        "window blocks are freed on the computed total, tokens of steps still in flight included, so a "
+        "draft rejection rolls back into blocks already freed (async scheduling with drafts)",
+        "vLLM 0.23.0-0.25.1 (spec: modelled by their profiles, window_free_basis = 'computed')",
+        "fixed in 0.26.0",
+        "tests/ledger/test_ledger_async_drafts.py",
+        "docs/releases.md",
+        _window_read_freed,
+        "manager: spec/slot_allocation.py (the 0.26.0 basis: profile_for('0.26.0'))",
+        releases_before("0.26.0"),
+        "0.26.0",
+    ),
+)
+
+
 def split_known(violations: list[V], release: str | None, muted: set[str]) -> tuple[list[V], list[tuple[KnownBug, V]]]:
     """``violations`` (each with a ``name``: the invariant) split into those no known bug explains
     and those of a bug recorded for ``release`` whose invariant they break (by design of that
