@@ -41,6 +41,29 @@ def _play(config: KVCacheConfig, release: str, ops: list[Any]) -> tuple[int, Any
     return None
 
 
+def _caught(found: tuple[int, Any] | None, caught: bool) -> tuple[int, Any]:
+    """``found`` when the bug should be caught (it must be), else (-1, None) (it must not be)."""
+    if not caught:
+        assert found is None, found
+        return -1, None
+    assert found is not None
+    return found
+
+
+def _untrimmed_second_group() -> tuple[KVCacheConfig, list[Any]]:
+    """Two full-attention groups and a window; A's window block for tokens 28-31 is evicted, so B's
+    hybrid hit drops below the second full group's own hit (K7's trigger)."""
+    config = KVCacheConfig(BlockCount(40), (full_attention(4), full_attention(8), sliding_window(4, 4)), TokenCount(64))
+    ops = [
+        *admit("A", tuple(range(1, 34))),
+        *running("A", 33),
+        O.EvictBlocks((22,)),  # A's sliding-window block for tokens 28-31
+        O.AddRequest("B", tuple(range(1, 34))),
+        O.GetComputedBlocks("B"),
+    ]
+    return config, ops
+
+
 def _async_rollback_ops() -> list[Any]:
     """Async scheduling with a draft rejection, sliding window (bs 4, W 8).  Step N schedules the
     sampled token and 3 drafts (positions 16-19, in flight); step N+1 is scheduled before N's output
@@ -86,20 +109,10 @@ def test_untrimmed_second_full_group_is_an_invariant_finding(release: str, caugh
     """vLLM up to 0.28.0 (Change ``hybrid_lookup_truncates_every_full_attention_group``): with two
     full-attention spec groups a lower hit found later leaves the second one's list long; the spec
     invariant ``lookup_is_pure_and_bounded`` reports the lookup (4 blocks of 8 for a 24-token hit)."""
-    config = KVCacheConfig(BlockCount(40), (full_attention(4), full_attention(8), sliding_window(4, 4)), TokenCount(64))
-    ops = [
-        *admit("A", tuple(range(1, 34))),
-        *running("A", 33),
-        O.EvictBlocks((22,)),  # A's sliding-window block for tokens 28-31
-        O.AddRequest("B", tuple(range(1, 34))),
-        O.GetComputedBlocks("B"),
-    ]
-    found = _play(config, release, ops)
+    config, ops = _untrimmed_second_group()
+    i, finding = _caught(_play(config, release, ops), caught)
     if not caught:
-        assert found is None
         return
-    assert found is not None
-    i, finding = found
     assert i == 7 and finding.kind == "reference-invariant"
     assert "lookup_is_pure_and_bounded" in finding.message and "group 1 returned 4 blocks for a 24-token hit" in (
         finding.message
@@ -127,12 +140,9 @@ def test_hit_popped_by_another_group_is_an_invariant_finding(release: str, caugh
         O.AllocateSlots("B", 5),
         O.SetNumComputedTokens("B", 25),
     ]
-    found = _play(config, release, ops)
+    i, finding = _caught(_play(config, release, ops), caught)
     if not caught:
-        assert found is None
         return
-    assert found is not None
-    i, finding = found
     assert i == 14 and finding.kind == "reference-invariant"
     assert "one_group_per_block" in finding.message and "block 6 is referenced from groups [0, 1]" in finding.message
 
@@ -141,14 +151,7 @@ def test_a_known_invariant_break_is_counted_in_its_releases_only() -> None:
     """K7 (the untrimmed second full-attention group) is a known bug of 0.23.0-0.28.0: there the
     lookup's invariant break is counted, not raised as a finding, and the example ends (what follows
     is its aftermath); in any other release the same break is a finding (``split_known``)."""
-    config = KVCacheConfig(BlockCount(40), (full_attention(4), full_attention(8), sliding_window(4, 4)), TokenCount(64))
-    ops = [
-        *admit("A", tuple(range(1, 34))),
-        *running("A", 33),
-        O.EvictBlocks((22,)),
-        O.AddRequest("B", tuple(range(1, 34))),
-        O.GetComputedBlocks("B"),
-    ]
+    config, ops = _untrimmed_second_group()
     config = replace(config, profile=profile_for("0.28.0"))
     ls = Lockstep(config, SpecTarget(), "exact", ledger=True, strict_known=False)
     ls.start()
