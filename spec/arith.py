@@ -179,6 +179,14 @@ def get_num_external_tokens_after_skip(
     return minimum(num_total_computed_tokens - num_skipped_tokens, num_external_computed_tokens)
 
 
+def is_external_skip_clamped(rule: str, num_skipped_tokens: int, block_size: int) -> bool:
+    """Whether external tokens are cut to the window before their blocks are allocated: whenever
+    any token is skipped (vLLM 0.24 on, ``rule == "tokens"``), or only once a whole block is
+    (0.23 ``allocate_new_computed_blocks``, ``rule == "blocks"``: it then allocates a real block
+    for external tokens already out of the window)."""
+    return num_skipped_tokens > 0 if rule == "tokens" else num_skipped_tokens // block_size > 0
+
+
 def get_num_external_blocks_to_allocate(num_total_computed_tokens: int, block_size: int, num_held_blocks: int) -> int:
     """vLLM 0.33 ``allocate_external_computed_blocks``: clamped at 0 (speculative over-allocation)."""
     return maximum(0, cdiv(num_total_computed_tokens, block_size) - num_held_blocks)

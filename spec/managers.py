@@ -275,7 +275,7 @@ def allocate_external_computed_blocks(
     total = num_local_computed_tokens + num_external_computed_tokens
     skipped = get_num_skipped_tokens(spec, total)
     ext = num_external_computed_tokens
-    if skipped > 0:
+    if arith.is_external_skip_clamped(state.config.profile.external_skip_clamp, skipped, spec.block_size):
         ext = arith.get_num_external_tokens_after_skip(total, skipped, ext)
     if ext <= 0:
         return state

@@ -93,6 +93,7 @@ class Profile:
     cache_past_hashes: CachePastHashes = "cap"
     finish_free_order: FinishFreeOrder = "split"
     caching_off_free_order: CachingOffFreeOrder = "front"
+    external_skip_clamp: Literal["tokens", "blocks"] = "tokens"  # 0.23: external tokens cut to the window per block
     # block hashing (spec.hashing)
     none_hash_seed: NoneHashSeed = "fixed"
     extra_key_form: ExtraKeyForm = "tagged"

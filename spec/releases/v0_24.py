@@ -53,4 +53,18 @@ CHANGES: tuple[Change, ...] = (
         before="concatenated",
         after="last_fine_hash",
     ),
+    Change(
+        name="external_tokens_cut_to_the_window",
+        release="0.24.0",
+        models="SingleTypeKVCacheManager.allocate_external_computed_blocks (0.23: allocate_new_computed_blocks)",
+        summary=(
+            "External (KV-connector) tokens already out of a window are cut before their blocks are "
+            "allocated whenever any token is skipped; in 0.23 only once a whole block was, so a window "
+            "shorter than a block got a real block for an external token it skips and the next "
+            "allocation returned no new block.  Observable: allocate_slots' new blocks, free-queue length."
+        ),
+        knob="external_skip_clamp",
+        before="blocks",
+        after="tokens",
+    ),
 )

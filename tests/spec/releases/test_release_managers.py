@@ -237,3 +237,22 @@ def test_cache_full_blocks_capped_by_hashes() -> None:
     target.apply(O.CacheBlocks("A", 4))  # within the hashes: fine in every release
     _, new, _ = _run(config, "0.33.0", [*ops, O.CacheBlocks("A", 8)])
     assert new.num_cached_block[0]["A"] == 1 and new.tables[0]["A"] == (1, 2)
+
+
+def test_external_tokens_cut_to_the_window() -> None:
+    """Change ``external_tokens_cut_to_the_window``, observed on vLLM 0.23.0 and 0.24.0: a sliding
+    window of 1 token in blocks of 2, caching off, max_model_len 1; one prompt token plus one
+    external token.  0.23 allocates a real block for the external token (only a whole skipped
+    block cuts it) and the allocation returns no new block; 0.24 cuts it and returns block 1.
+    Both leave blocks 2 and 3 free."""
+    assert _changed("external_tokens_cut_to_the_window") == "0.24.0"
+    config = KVCacheConfig(BlockCount(4), (sliding_window(2, 1),), TokenCount(1), enable_caching=False)
+    ops = [
+        O.AddRequest("r1", (1,)),
+        O.GetComputedBlocks("r1"),
+        O.AllocateSlots("r1", 1, use_computed_blocks=True, num_external_computed_tokens=1, full_sequence_must_fit=True),
+    ]
+    for release, new in (("0.23.0", [[]]), ("0.24.0", [[1]])):
+        outs, obs, _ = _run(config, release, ops)
+        assert outs[-1] == {"block_ids": new}, release
+        assert obs.tables[0]["r1"] == (1,) and list(obs.free_queue) == [2, 3], release
