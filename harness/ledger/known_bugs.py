@@ -195,9 +195,10 @@ KNOWN_BUGS += (
 
 
 def _window_read_freed(signature: dict[str, Any]) -> bool:
-    """A window read of a computed position whose block was already freed (no recompute, no load)."""
+    """A window position of a step still in flight, read or written in a block already freed (no
+    recompute, no load): the in-flight step writes it, or a rolled-back one reads it again."""
     return (
-        signature["invariant"] == "kv_read_in_real_block"
+        signature["invariant"] in ("kv_read_in_real_block", "kv_write_in_real_block")
         and signature["group_kind"] in ("sliding_window", "chunked_local")
         and signature["source"] == "computed"
         and signature["recompute"] is None
