@@ -9,6 +9,7 @@ WINDOW_LOAD = {
     "recompute": "full-remote-load",
     "chunk_multiple_of_block": None,
     "source": "computed",
+    "release": "0.33.0",
 }
 
 
@@ -29,6 +30,9 @@ def test_matching_is_by_signature():
     assert match_known_bug({**WINDOW_LOAD, "recompute": None}) is None
     assert match_known_bug({**WINDOW_LOAD, "invariant": "kv_read_own_kv"}) is None
     assert match_known_bug({**WINDOW_LOAD, "group_kind": "full"}) is None
+    # ... unless the release it was found on has a known bug of that shape: K9 up to 0.25.1 only
+    assert match_known_bug({**WINDOW_LOAD, "recompute": None, "release": "0.25.1"}).id == "K9"
+    assert match_known_bug({**WINDOW_LOAD, "recompute": None, "release": "0.26.0"}) is None
 
 
 def test_known_bugs_are_counted_not_failed_unless_strict(tmp_path, capsys, monkeypatch):
