@@ -328,14 +328,14 @@ MUTANTS: list[Mutant] = [
         "untagged LoRA name and salt (vLLM <= 0.20 form)",
         hashing,
         "_gen_cache_salt_extra_keys",
-        lambda f, start: [f.cache_salt] if start == 0 and f.cache_salt else [],
+        lambda f, start, profile: [f.cache_salt] if start == 0 and f.cache_salt else [],
     ),
     (
         "keys.hash_input_injective",
         "multimodal key without its offset (vLLM 0.11 form)",
         hashing,
         "_gen_mm_extra_keys",
-        lambda f, start, end: [
+        lambda f, start, end, profile, resumed: [
             ("mm", m.identifier) for m in f.mm_features if m.offset < end and m.offset + m.length > start
         ],
     ),
@@ -344,7 +344,7 @@ MUTANTS: list[Mutant] = [
         "LoRA key without the adapter path",
         hashing,
         "_gen_lora_extra_keys",
-        lambda f: [] if f.lora is None else [("lora", f.lora[0])],
+        lambda f, profile: [] if f.lora is None else [("lora", f.lora[0])],
     ),
     ("keys.block_key_injective", "group id left out of the key", types, "make_block_key", lambda h, g: h),
     (
@@ -371,7 +371,7 @@ def key_claims_exact(ts: list[Any]) -> Any:
     return key
 
 
-def _untagged_lora(f: Any) -> list[Any]:
+def _untagged_lora(f: Any, profile: Any) -> list[Any]:
     return [] if f.lora is None else [f.lora[0]]
 
 
