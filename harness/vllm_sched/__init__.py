@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's real ``Scheduler`` driving its ``KVCacheManager``, the spec mirrored behind it.
+"""The installed vLLM's real ``Scheduler`` (0.33.0, 0.34.0) driving its ``KVCacheManager``, the spec mirrored behind it.
 
 - ``build``: the real scheduler on CPU, offline, from a kvspec ``KVCacheConfig`` and scheduler knobs;
 - ``proxy``: the manager proxy that turns every manager call (and the request changes before it)
