@@ -101,7 +101,7 @@ def installed_profile(version: str) -> Profile:
 
 def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling_cls: Any) -> VllmApi:
     """The ``VllmApi`` of the installed release (module docstring)."""
-    slots = set(getattr(block_cls, "__slots__", ())) | set(getattr(block_cls, "__dataclass_fields__", {}))
+    slots = fields_of(block_cls)
     hash_attr = "_block_hash" if "_block_hash" in slots else "block_hash"
     tokens = next((a for a in ("_block_hash_num_tokens", "block_hash_num_tokens") if a in slots), None)
     map_init = inspect.signature(map_cls.__init__).parameters
@@ -119,13 +119,19 @@ def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling
         hash_attr=hash_attr,
         hash_tokens_attr=tokens,
         map_holds_ids="blocks" in map_init,
-        logprob_start="prompt_logprob_start" in _fields(sampling_cls),
+        logprob_start="prompt_logprob_start" in fields_of(sampling_cls),
     )
 
 
-def _fields(cls: Any) -> set[str]:
-    """The fields of a msgspec struct or dataclass (``SamplingParams`` has been both)."""
-    return set(getattr(cls, "__struct_fields__", ())) | set(getattr(cls, "__dataclass_fields__", {}))
+def fields_of(cls: Any) -> set[str]:
+    """The fields of a vLLM class, whichever form it takes in a release: a msgspec struct
+    (``SamplingParams``), a dataclass (``ModelRunnerOutput``), or a class with ``__slots__``
+    (``KVCacheBlock``)."""
+    return (
+        set(getattr(cls, "__slots__", ()))
+        | set(getattr(cls, "__struct_fields__", ()))
+        | set(getattr(cls, "__dataclass_fields__", {}))
+    )
 
 
 _RENAMED_MANAGER_PARAMS = {"max_in_flight_tokens": "max_num_batched_tokens"}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.targets.base import Unsupported
+from harness.targets.vllm_release import fields_of
 from spec.config import KVCacheConfig
 from spec.types import TokenCount
 
@@ -177,6 +178,6 @@ def model_runner_output(cls: Any, req_ids: list[str], sampled: list[list[int]], 
     """vLLM's ``ModelRunnerOutput`` for one step: up to 0.33 it also carries ``req_id_to_index``
     (each request's row in ``sampled_token_ids``), which 0.34 derives from ``req_ids`` itself."""
     extra = {}
-    if "req_id_to_index" in getattr(cls, "__dataclass_fields__", {}):
+    if "req_id_to_index" in fields_of(cls):
         extra["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
     return cls(req_ids=req_ids, sampled_token_ids=sampled, kv_connector_output=kv_out, **extra)
