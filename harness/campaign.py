@@ -86,6 +86,7 @@ class Row:
     reduced_steps: int | None = None  # after the trace reduction (harness/traces/reduce.py): the report's length
     report: Path | None = None
     note: str = ""
+    cold: float | None = None  # to_report plus a fresh process' start-up for this target (harness.run.startup)
 
 
 def add_parser(sub: Any) -> None:
@@ -108,6 +109,9 @@ def add_parser(sub: Any) -> None:
     )
     m.add_argument("--seconds", type=float, default=D.seconds, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=D.shrink_seconds)
+    m.add_argument(
+        "--shrink-stall", type=int, default=D.shrink_stall, help="as kvspec fuzz --shrink-stall (examples; 0: none)"
+    )
     m.add_argument(
         "--reduce-seconds",
         type=float,
@@ -324,7 +328,19 @@ def uncovered(rows: list[Row]) -> list[str]:
 
 
 def render_table(rows: list[Row]) -> Iterator[str]:
-    head = ("mutant", "origin", "mode", "family", "killed", "killed by", "1st failure", "report", "shrunk", "reduced")
+    head = (
+        "mutant",
+        "origin",
+        "mode",
+        "family",
+        "killed",
+        "killed by",
+        "1st failure",
+        "report",
+        "cold",
+        "shrunk",
+        "reduced",
+    )
     cells = [
         (
             r.entry.name,
@@ -335,6 +351,7 @@ def render_table(rows: list[Row]) -> Iterator[str]:
             r.check or r.note,
             _secs(r.first_failure),
             _secs(r.to_report),
+            _secs(r.cold),
             "-" if r.shrunk_steps is None else f"{r.shrunk_steps} steps",
             "-" if r.reduced_steps is None else f"{r.reduced_steps} steps",
         )
@@ -364,24 +381,51 @@ def mutants_cmd(opts: MutantsOptions) -> int:
     if opts.target is not None and not _control_passes(opts, opts.target, entries):
         return EXIT_USAGE
     rows = []
+    startups: dict[str, float | None] = {}
     for entry in entries:
         print(
             f"kvspec mutants: {entry.origin} {entry.name} ({entry.mode}, {','.join(entry.families)}) ...",
             file=sys.stderr,
             flush=True,
         )
-        rows.append(run_entry(entry, opts))
+        row = run_entry(entry, opts)
+        if row.to_report is not None:
+            row.cold = _cold(row.to_report, startup_target(entry), startups)
+        rows.append(row)
     for line in render_table(rows):
         print(line)
     killed = sum(r.killed for r in rows)
     print(f"\nkvspec mutants: {killed}/{len(rows)} killed; reports under {opts.out}")
     times = sorted(r.to_report for r in rows if r.to_report is not None)
     if times:
-        print(f"start to report: median {statistics.median(times):.1f}s, worst {times[-1]:.1f}s")
+        print(f"start to report (in this process): median {statistics.median(times):.1f}s, worst {times[-1]:.1f}s")
+    cold = sorted(r.cold for r in rows if r.cold is not None)
+    if cold:
+        ups = ", ".join(f"{t} {s:.1f}s" for t, s in sorted(startups.items()) if s is not None)
+        print(
+            f"start to report from a cold start: median {statistics.median(cold):.1f}s, worst {cold[-1]:.1f}s "
+            f"(a fresh process' start-up before its first example: {ups})"
+        )
     if opts.target is None and not opts.only:
         rest = uncovered(rows)
         print(f"checks that killed no mutant ({len(rest)} of {len(all_checks())}): {', '.join(rest) or 'none'}")
     return EXIT_OK if killed == len(rows) else EXIT_SURVIVED
+
+
+def startup_target(entry: Entry) -> str:
+    """The target whose start-up a cold ``kvspec fuzz`` of this row pays (``harness.run.startup``)."""
+    builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
+    return builtin.get(entry.origin, entry.target.split("#", 1)[0])
+
+
+def _cold(to_report: float, target: str, startups: dict[str, float | None]) -> float | None:
+    """``to_report`` plus the start-up of a fresh process for ``target`` (measured once per target)."""
+    from harness.run.startup import cold_start_seconds
+
+    if target not in startups:
+        startups[target] = cold_start_seconds(target)
+    up = startups[target]
+    return None if up is None else up + to_report
 
 
 def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         help="time bound for Hypothesis' shrinking of a finding (0..86400; also capped by the time --seconds leaves)",
     )
     f.add_argument(
+        "--shrink-stall",
+        type=int,
+        default=D.shrink_stall,
+        help="Hypothesis' shrinking stops once this many examples in a row found no shorter failing trace, and the "
+        "reduction takes over from the shortest one (0..1000000; 0: no shrinking, straight to the reduction)",
+    )
+    f.add_argument(
         "--reduce-seconds",
         type=float,
         default=D.reduce_seconds,

@@ -62,17 +62,30 @@ class RunStats:
     shrink_share: float = 1.0  # the share of the time left before ``deadline`` that shrinking may take
     on_finding: Callable[[Finding, int], None] | None = None  # called at the first finding, with the shrink bound
     poll: Callable[[], None] | None = None  # called before every operation; raises to stop (a signal came)
+    # Shrinking stops (``ShrinkStalled``) once this many examples in a row found no shorter failing
+    # trace (None: only Hypothesis' own bounds); ``stalled`` counts them.
+    shrink_stall: int | None = None
+    stalled: int = 0
+    shrink_examples: int = 0  # examples run after the first finding (Hypothesis' shrinking attempts)
 
 
-def _record_finding(
-    stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig
-) -> None:
+class ShrinkStalled(KeyboardInterrupt):
+    """Hypothesis' shrinking stopped making progress (``RunStats.shrink_stall`` examples in a row without
+    a shorter failing trace): the run goes on with the shortest failing trace so far (``RunStats.best``),
+    which kvspec's reducer (``harness.traces.reduce``) shortens much faster than Hypothesis would.  A
+    ``KeyboardInterrupt``, so Hypothesis neither takes it for a failure nor shrinks it: it stops.  The
+    failing examples Hypothesis found are already in its database."""
+
+
+def _record_finding(stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig) -> None:
     """Keep ``finding`` as the latest (what Hypothesis' final replay of the shrunk example leaves) and,
     when no longer than the best so far, as the best; the first one caps shrinking (``_cap_shrinking``)."""
     first = stats.finding is None
     if stats.first_finding_after is None:
         stats.first_finding_after = time.monotonic() - stats.started
     stats.finding, stats.finding_steps, stats.finding_config = finding, steps, config
+    if stats.best is None or len(steps) < len(stats.best[1]):
+        stats.stalled = 0  # progress
     if stats.best is None or len(steps) <= len(stats.best[1]):
         stats.best = (finding, steps, config)
     if first:
@@ -200,12 +213,27 @@ class KVMachine(RuleBasedStateMachine):
         self.stats.rules[f"{self.family}:{name}"] += 1
         self.workload.run(name, DrawChoices(data))
 
+    def _check_shrink_progress(self) -> None:
+        """Every example after the first finding is one of Hypothesis' shrinking attempts (kvspec
+        reports one bug per run): raise ``ShrinkStalled`` once ``stats.shrink_stall`` of them in a row
+        found no shorter failing trace."""
+        stats = self.stats
+        if stats.finding is None:
+            return
+        stats.shrink_examples += 1
+        if stats.shrink_stall is None:
+            return
+        stats.stalled += 1
+        if stats.stalled > stats.shrink_stall:
+            raise ShrinkStalled(f"no shorter failing trace in {stats.shrink_stall} shrinking examples")
+
     # --- rules ---------------------------------------------------------------------------------
 
     @initialize(data=st.data())
     def setup(self, data: Any) -> None:
         if self.stats.poll is not None:
             self.stats.poll()
+        self._check_shrink_progress()
         config = data.draw(configs(self.family), label="config")
         features = workload_features(self.family)
         if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
@@ -280,6 +308,7 @@ class KVMachine(RuleBasedStateMachine):
             self.stats.known.update(self.ls.known_hits)
             for bug_id, (finding, steps) in self.ls.known_first.items():
                 self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
+
 
 def make_machine(
     family: str,

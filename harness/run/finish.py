@@ -51,6 +51,7 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
 
 def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
     """Write the finding's report (``write_report_safely``) and say what was found and where."""
+    from harness.run.startup import process_seconds
     from harness.traces.report import replay_command
     from harness.traces.trace import trace_from_json
 
@@ -66,12 +67,14 @@ def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
     else:
         print(
             f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
-            f"then shrunk to {res.shrunk_steps} steps and reduced to {len(trace.steps)})"
+            f"then shrunk to {res.shrunk_steps} steps in {res.shrink_examples} examples and reduced to "
+            f"{len(trace.steps)})"
         )
     if report is not None:
         print(
             f"kvspec fuzz: report written to {report} after {res.elapsed:.1f}s "
-            f"({len(trace.steps)} steps; replay with: {replay_command(report, trace.target_name)})"
+            f"({process_seconds():.1f}s from the command's start, start-up included; {len(trace.steps)} steps; "
+            f"replay with: {replay_command(report, trace.target_name)})"
         )
     return report
 

@@ -47,6 +47,7 @@ class FuzzResult:
     stopped: str | None = None  # the run stopped on an exception that is not a finding
     first_finding_after: float | None = None
     shrunk_steps: int | None = None  # the finding's length after Hypothesis' shrinking, before reduction
+    shrink_examples: int = 0  # the examples Hypothesis' shrinking ran
     known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
     known_traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # known bug id -> its first trace
     interrupted: int | None = None  # the signal that stopped the run (the trace, if any: the smallest so far)
@@ -102,11 +103,11 @@ def run_fuzz(
     where installed), or ``should_stop()``.  ``settings_overrides`` go to the profile's Hypothesis settings (e.g.
     ``database=None``).  ``bounded``: the deadline bounds shrinking and reduction too (``kvspec fuzz``;
     the mutant campaign's budget is the time to find).  ``announce`` gets one line at the first finding."""
-    from harness.check.machine import RunStats, make_machine, run_machine
+    from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
     from harness.run.profiles import generates, profile_settings
     from harness.traces.trace import Trace, trace_to_json
 
-    stats = RunStats(poll=SIGNALS.poll)
+    stats = RunStats(poll=SIGNALS.poll, shrink_stall=opts.shrink_stall)
     machines = {
         fam: make_machine(fam, factory, opts.target, opts.relation, stats, opts.step_timeout, kv_check=opts.kv_check)
         for fam in opts.families
@@ -141,7 +142,9 @@ def run_fuzz(
                 res.found_family, res.stopped = fam, f"SkipTest: {e}"
         except Interrupted as e:  # while generating or shrinking: the smallest failing trace so far, as it is
             res.interrupted = e.signum
-            _keep_finding(res, stats, opts, seed, fam, factory, None)
+            _keep_finding(res, stats, opts, seed, fam, factory, None, shortest=True)
+        except ShrinkStalled:  # shrinking stopped helping: the smallest failing trace so far, reduced
+            _keep_finding(res, stats, opts, seed, fam, factory, deadline if bounded else None, shortest=True)
         except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
             if isinstance(e, KeyboardInterrupt):
                 raise
@@ -187,10 +190,17 @@ def _found_line(finding: Any, stats: Any, shrink_bound: int, opts: FuzzOptions, 
     after = stats.first_finding_after or 0.0
     within = f", within --seconds {opts.seconds:g}" if bounded else ""
     return (
-        f"kvspec fuzz: found a failing example after {after:.1f}s ({finding.kind}); shrinking it for up to "
-        f"{shrink_bound}s, then reducing it for up to {float(opts.reduce_seconds):g}s{within} "
+        f"kvspec fuzz: found a failing example after {after:.1f}s ({finding.kind}); {_shrinking(opts, shrink_bound)}, "
+        f"then reducing it for up to {float(opts.reduce_seconds):g}s{within} "
         "(SIGINT or SIGTERM: stop and write the smallest so far)"
     )
+
+
+def _shrinking(opts: FuzzOptions, bound: int) -> str:
+    """How the finding will be shrunk (``--shrink-stall``, ``--shrink-seconds``), in words."""
+    if opts.shrink_stall == 0:
+        return "no shrinking (--shrink-stall 0)"
+    return f"shrinking it while that shortens it (stops after {opts.shrink_stall} examples without, or {bound}s)"
 
 
 def _keep_finding(
@@ -201,19 +211,20 @@ def _keep_finding(
     fam: str,
     factory: Callable[[], Any],
     deadline: float | None,
+    shortest: bool = False,
 ) -> bool:
-    """Put the finding ``stats`` recorded into ``res``: after a signal (``res.interrupted``), the
-    smallest recorded so far, as it is; otherwise Hypothesis' shrunk one, reduced (within ``deadline``).
-    False when there is none."""
+    """Put the finding ``stats`` recorded into ``res``: Hypothesis' shrunk one, or (``shortest``:
+    shrinking was stopped) the smallest recorded so far; reduced (within ``deadline``), except after a
+    signal (``res.interrupted``), which keeps it as it is.  False when there is none."""
     from harness.traces.trace import trace_to_json
 
-    best = res.interrupted is not None
-    trace = finding_trace(stats, opts.target, seed, opts.profile, fam, opts.relation, best=best)
+    trace = finding_trace(stats, opts.target, seed, opts.profile, fam, opts.relation, best=shortest)
     if trace is None:
         return False
     res.found_family, res.shrunk_steps, res.first_finding_after = fam, len(trace.steps), stats.first_finding_after
-    finding = stats.best[0] if best else stats.finding
-    if not best:
+    res.shrink_examples = stats.shrink_examples
+    finding = stats.best[0] if shortest and stats.best is not None else stats.finding
+    if res.interrupted is None:
         trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout, deadline)
     res.trace, res.summary = trace_to_json(trace), finding.summary()
     return True

@@ -50,6 +50,7 @@ class FuzzOptions:
     step_timeout: float = 10.0  # seconds one target call may take
     batch: int = 10  # examples per family before rotating
     shrink_seconds: int = 10  # Hypothesis' shrinking of a finding
+    shrink_stall: int = 30  # shrinking stops after this many examples without a shorter trace (0: none)
     reduce_seconds: float = 15.0  # the trace reduction (harness.traces.reduce); 0: off
     stats: bool = False  # print the per-family counts at the end
     kv_check: bool = False  # the KV-content oracle around the target (harness.oracle)
@@ -77,6 +78,7 @@ class MutantsOptions:
     only: str | None = None  # comma-separated mutant names (or origin:spec, ...)
     seconds: float = 60.0  # per mutant
     shrink_seconds: int = 10
+    shrink_stall: int = 30
     reduce_seconds: float = 15.0
     seed: int = 11
     profile: str = "ci"
@@ -94,6 +96,7 @@ class MutantsOptions:
 
         if ns.seconds <= 0:
             raise UsageError("--seconds must be > 0")
+        _check_numbers(ns, (NumberRange("--shrink-stall", 0, 1_000_000),))
         with _as_usage_error():
             profile_settings(ns.profile)
         if ns.target is not None:
@@ -112,6 +115,7 @@ class MutantsOptions:
             profile=self.profile,
             batch=self.batch,
             shrink_seconds=self.shrink_seconds,
+            shrink_stall=self.shrink_stall,
             reduce_seconds=self.reduce_seconds,
             step_timeout=self.step_timeout,
         )
@@ -205,6 +209,7 @@ FUZZ_NUMBERS = (
     NumberRange("--step-timeout", 0, DAY, low_open=True),
     NumberRange("--batch", 1, 1_000_000),
     NumberRange("--shrink-seconds", 0, DAY),
+    NumberRange("--shrink-stall", 0, 1_000_000),
     NumberRange("--reduce-seconds", 0, DAY),
     NumberRange("--workers", 1, 256),
 )

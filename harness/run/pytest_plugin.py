@@ -139,17 +139,17 @@ def run_family(
     """Run kvspec's state machine for ``family`` of ``opts`` (its target, relation, step timeout and
     shrinking bound; ``hyp_settings``, else the loaded profile on ``db``); a finding fails the test
     with its report path (under ``opts.out``)."""
-    from harness.check.machine import RunStats, make_machine, run_machine
+    from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
     from harness.run.fuzzing import finding_trace
     from harness.traces.report import replay_command, write_report
 
-    stats = RunStats()
+    stats = RunStats(shrink_stall=opts.shrink_stall)
     machine = make_machine(family, factory, opts.target, opts.relation, stats, opts.step_timeout)
     try:
         run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
         return
-    except AssertionError:
-        trace = finding_trace(stats, opts.target, None, None, family, opts.relation)
+    except (AssertionError, ShrinkStalled) as e:  # stalled: the shortest failing trace so far
+        trace = finding_trace(stats, opts.target, None, None, family, opts.relation, isinstance(e, ShrinkStalled))
         if trace is None or stats.finding is None:
             raise
     report = write_report(opts.out, trace)

@@ -128,7 +128,7 @@ def _merge(results: list[FuzzResult], signum: int | None) -> FuzzResult:
     if first is not None:
         merged.found_family, merged.trace, merged.summary = first.found_family, first.trace, first.summary
         merged.stopped, merged.first_finding_after = first.stopped, first.first_finding_after
-        merged.shrunk_steps = first.shrunk_steps
+        merged.shrunk_steps, merged.shrink_examples = first.shrunk_steps, first.shrink_examples
     merged.interrupted = signum or next((r.interrupted for r in results if r.interrupted is not None), None)
     return merged
 

@@ -62,6 +62,7 @@ BAD = [
     (["--batch", "0"], "--batch", ">= 1"),
     (["--batch", "-3"], "--batch", ">= 1"),
     (["--shrink-seconds", "-1"], "--shrink-seconds", ">= 0"),
+    (["--shrink-stall", "-1"], "--shrink-stall", ">= 0"),
     (["--shrink-seconds", "nan"], "--shrink-seconds", "invalid int value"),
     (["--reduce-seconds", "-1"], "--reduce-seconds", ">= 0"),
     (["--reduce-seconds", "nan"], "--reduce-seconds", "got nan"),
@@ -261,7 +262,8 @@ def assert_replayable_report(tmp_path: Path, stdout: str) -> None:
     ids=["SIGINT-one-process", "SIGTERM-two-workers"],
 )
 def test_signal_while_shrinking_writes_the_finding(tmp_path, sig, code, workers):
-    proc, out, err = start_fuzz(tmp_path, *BUG, "--seconds", "60", "--shrink-seconds", "600", "--workers", workers)
+    long_shrink = ("--shrink-seconds", "600", "--shrink-stall", "1000000")  # surely still shrinking at the signal
+    proc, out, err = start_fuzz(tmp_path, *BUG, "--seconds", "60", *long_shrink, "--workers", workers)
     wait_for_line(proc, err, FOUND)
     t0 = time.monotonic()
     proc.send_signal(sig)
@@ -338,7 +340,8 @@ def test_reducer_stops_when_told():
 
 def test_seconds_bounds_shrinking_and_reduction(tmp_path):
     t0 = time.monotonic()
-    proc, out, err = start_fuzz(tmp_path, *BUG, "--seconds", "3", "--shrink-seconds", "60", "--reduce-seconds", "60")
+    slow = ("--shrink-seconds", "60", "--shrink-stall", "1000000", "--reduce-seconds", "60")
+    proc, out, err = start_fuzz(tmp_path, *BUG, "--seconds", "3", *slow)
     rc, stdout, stderr = finish(proc, out, err)
     assert rc == 1 and "Traceback" not in stderr, stdout + stderr
     assert time.monotonic() - t0 < 25, "shrinking or reduction ran past --seconds"
