@@ -1,14 +1,16 @@
 """What a lockstep run reports: the ``Finding`` (step, operation, both outcomes, message, witness),
-the exception that carries it, the per-step timeout on target calls, and observations as witness JSON."""
+the exception that carries it, and observations as witness JSON (the per-step timeout on target
+calls, ``StepTimeout`` and ``call_with_timeout``, lives in ``harness.check.timeout``)."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.check.timeout import StepTimeout, call_with_timeout
 from harness.core.observation import Observation
+
+__all__ = ["Finding", "FindingError", "StepTimeout", "call_with_timeout", "obs_to_json"]
 
 
 @dataclass
@@ -46,49 +48,6 @@ class FindingError(AssertionError):
     def __init__(self, finding: Finding) -> None:
         super().__init__(finding.summary())
         self.finding = finding
-
-
-class StepTimeout(BaseException):
-    """The target did not return within the per-step timeout (BaseException: targets' broad
-    ``except Exception`` must not swallow it)."""
-
-
-def call_with_timeout(fn: Any, timeout: float | None, *args: Any) -> Any:
-    """Run ``fn(*args)``; raise ``StepTimeout`` after ``timeout`` seconds.
-
-    In the main thread a real-time interval timer interrupts the call (cheap: two system calls);
-    elsewhere the call runs in a daemon thread that is abandoned if it hangs.
-    """
-    if not timeout:
-        return fn(*args)
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-
-        def on_alarm(signum: int, frame: Any) -> None:
-            raise StepTimeout()
-
-        old = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        try:
-            return fn(*args)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise StepTimeout()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def obs_to_json(obs: Observation, blocks: set[int] | None = None, requests: set[str] | None = None) -> dict[str, Any]:

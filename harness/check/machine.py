@@ -1,12 +1,13 @@
 """The rule-based Hypothesis state machine: a faithful vLLM 0.33 scheduler driving the spec and a
 target in lockstep (``harness.check.lockstep``), stopping at the first divergence or broken invariant.
 
-Each rule is one scheduler action (a request arrives, an engine step, a request finishes or is
-aborted, a remote KV load arrives, a prefix-cache reset, an event drain) and emits one or more
-``harness.core.ops`` operations: the rules are the shared workload's actions (``harness.world.workload``),
-with Hypothesis draws as the world's choices.  ``make_machine`` builds one machine class
-per (family, target, relation) so that each has its own example-database key: CI re-tries the past
-failures of exactly that combination first.
+Its one rule, ``act``, performs one to ``ACTIONS_PER_RULE`` scheduler actions (a request arrives, an
+engine step, a request finishes or is aborted, a remote KV load arrives, a prefix-cache reset, an
+event drain), each emitting one or more ``harness.core.ops`` operations: the shared workload's
+actions (``harness.world.workload``), with Hypothesis draws as the world's choices.  After the first
+finding every example is a shrinking attempt; ``ShrinkStalled`` stops them once they stop helping.
+``make_machine`` builds one machine class per (family, target, relation) so that each has its own
+example-database key: CI re-tries the past failures of exactly that combination first.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from spec.config import KVCacheConfig
 
 T = TypeVar("T")
 ACTION_BY_NAME = {a.name: a for a in ACTIONS}
+# The actions a rule picks from, in the order Hypothesis shrinks towards; engine steps dominate real
+# traffic, so ``step`` is there three times.
+RULE_ORDER = ("add_request", "step", "step", "step", "finish", "abort", "kv_arrives", "reset_prefix_cache")
+ACTIONS_PER_RULE = 4  # the most workload actions one Hypothesis rule performs
+WATERMARK_ODDS = st.integers(0, 3)  # 0: the config gets a KV-cache watermark (built once: see ``configs``)
+WATERMARKS = st.sampled_from([0.1, 0.25, 0.4])
 
 
 @dataclass
@@ -100,12 +107,6 @@ def _cap_shrinking(stats: RunStats) -> int:
     ``stats.deadline`` (``harness.check.hypothesis_run.cap_shrinking``); return the bound."""
     left = None if stats.deadline is None else max(0.0, stats.deadline - time.monotonic()) * stats.shrink_share
     return cap_shrinking(left)
-
-
-def _when(name: str) -> Callable[[Any], bool]:
-    """The precondition of the rule performing workload action ``name``."""
-    action = ACTION_BY_NAME[name]
-    return lambda machine: machine.workload is not None and action.enabled(machine.workload)
 
 
 class DrawChoices:
@@ -208,10 +209,10 @@ class KVMachine(RuleBasedStateMachine):
         assert self.ls is not None and self.ls.tgt_obs is not None
         return self.ls.tgt_obs.tables[0].get(rid, ())
 
-    def _act(self, data: Any, name: str) -> None:
+    def _act(self, ch: DrawChoices, name: str) -> None:
         assert self.workload is not None
         self.stats.rules[f"{self.family}:{name}"] += 1
-        self.workload.run(name, DrawChoices(data))
+        self.workload.run(name, ch)
 
     def _check_shrink_progress(self) -> None:
         """Every example after the first finding is one of Hypothesis' shrinking attempts (kvspec
@@ -236,10 +237,8 @@ class KVMachine(RuleBasedStateMachine):
         self._check_shrink_progress()
         config = data.draw(configs(self.family), label="config")
         features = workload_features(self.family)
-        if data.draw(st.integers(0, 3), label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
-            config = dataclasses.replace(
-                config, watermark=data.draw(st.sampled_from([0.1, 0.25, 0.4]), label="watermark")
-            )
+        if data.draw(WATERMARK_ODDS, label="watermark?") == 0:  # vLLM 0.33 KV-cache watermark
+            config = dataclasses.replace(config, watermark=data.draw(WATERMARKS, label="watermark"))
         target = self._new_target(config)
         config = bind_release(config, target)
         ch = DrawChoices(data)
@@ -256,40 +255,21 @@ class KVMachine(RuleBasedStateMachine):
         if self.ls.ref is not None:  # what an async load's admission sets aside, on the reference state
             self.workload.sched.transfers.load_reservation = self.ls.ref.load_reservation
 
-    @precondition(_when("add_request"))
+    @precondition(lambda machine: machine.workload is not None)
     @rule(data=st.data())
-    def add_request(self, data: Any) -> None:
-        self._act(data, "add_request")
-
-    @precondition(_when("step"))
-    @rule(data=st.data())
-    def step(self, data: Any) -> None:
-        self._act(data, "step")
-
-    # Engine steps dominate real traffic: Hypothesis picks rules uniformly, so the step rule
-    # appears three times.
-    step_again = step
-    step_once_more = step
-
-    @precondition(_when("finish"))
-    @rule(data=st.data())
-    def finish(self, data: Any) -> None:
-        self._act(data, "finish")
-
-    @precondition(_when("abort"))
-    @rule(data=st.data())
-    def abort(self, data: Any) -> None:
-        self._act(data, "abort")
-
-    @precondition(_when("kv_arrives"))
-    @rule(data=st.data())
-    def kv_arrives(self, data: Any) -> None:
-        self._act(data, "kv_arrives")
-
-    @precondition(_when("reset_prefix_cache"))
-    @rule(data=st.data())
-    def reset_prefix_cache(self, data: Any) -> None:
-        self._act(data, "reset_prefix_cache")
+    def act(self, data: Any) -> None:
+        """Up to ``ACTIONS_PER_RULE`` workload actions, each picked among those enabled (``RULE_ORDER``:
+        engine steps three times over, as they dominate real traffic).  One Hypothesis rule for
+        several actions: picking a rule costs Hypothesis more than a checked operation costs kvspec,
+        and the choices stay plain integers, which Hypothesis shrinks towards one action, the first
+        enabled one, and the reducer (``harness.traces.reduce``) then cuts operation by operation."""
+        assert self.workload is not None
+        ch = DrawChoices(data)
+        for _ in range(ch.integer(1, ACTIONS_PER_RULE, "actions")):
+            enabled = [name for name in RULE_ORDER if ACTION_BY_NAME[name].enabled(self.workload)]
+            if not enabled:
+                return
+            self._act(ch, ch.choice(enabled, "action"))
 
     def teardown(self) -> None:
         try:

@@ -271,8 +271,10 @@ def _request_keys(draw: st.DrawFn) -> KVCacheConfig:
 FAMILIES = tuple(REGISTRY)  # the built-in families
 
 
+@functools.cache
 def configs(family: str) -> st.SearchStrategy[KVCacheConfig]:
-    """The family's configs, validated."""
+    """The family's configs, validated (built once per family: Hypothesis validates a strategy the
+    first time it draws from it, and that cost would come back with every example)."""
     try:
         strategy = REGISTRY[family].strategy()
     except KeyError:
