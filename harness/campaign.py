@@ -110,7 +110,7 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--seconds", type=float, default=D.seconds, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=D.shrink_seconds)
     m.add_argument(
-        "--shrink-stall", type=int, default=D.shrink_stall, help="as kvspec fuzz --shrink-stall (examples; 0: none)"
+        "--shrink-stall", type=int, default=D.shrink_stall, help="as kvspec fuzz --shrink-stall (0: none)"
     )
     m.add_argument(
         "--reduce-seconds",

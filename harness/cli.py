@@ -56,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         "--shrink-stall",
         type=int,
         default=D.shrink_stall,
-        help="Hypothesis' shrinking stops once this many examples in a row found no shorter failing trace, and the "
-        "reduction takes over from the shortest one (0..1000000; 0: no shrinking, straight to the reduction)",
+        help="let Hypothesis shrink a finding until this many examples in a row found no shorter failing trace, "
+        "before the reduction takes over from the shortest one (0..1000000; default 0: the reduction alone, "
+        "which reaches traces as short, faster)",
     )
     f.add_argument(
         "--reduce-seconds",

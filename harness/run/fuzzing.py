@@ -199,7 +199,7 @@ def _found_line(finding: Any, stats: Any, shrink_bound: int, opts: FuzzOptions, 
 def _shrinking(opts: FuzzOptions, bound: int) -> str:
     """How the finding will be shrunk (``--shrink-stall``, ``--shrink-seconds``), in words."""
     if opts.shrink_stall == 0:
-        return "no shrinking (--shrink-stall 0)"
+        return "no Hypothesis shrinking (--shrink-stall 0)"
     return f"shrinking it while that shortens it (stops after {opts.shrink_stall} examples without, or {bound}s)"
 
 

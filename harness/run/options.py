@@ -50,7 +50,7 @@ class FuzzOptions:
     step_timeout: float = 10.0  # seconds one target call may take
     batch: int = 10  # examples per family before rotating
     shrink_seconds: int = 10  # Hypothesis' shrinking of a finding
-    shrink_stall: int = 30  # shrinking stops after this many examples without a shorter trace (0: none)
+    shrink_stall: int = 0  # Hypothesis shrinks until this many examples found no shorter trace (0: not at all)
     reduce_seconds: float = 15.0  # the trace reduction (harness.traces.reduce); 0: off
     stats: bool = False  # print the per-family counts at the end
     kv_check: bool = False  # the KV-content oracle around the target (harness.oracle)
@@ -78,7 +78,7 @@ class MutantsOptions:
     only: str | None = None  # comma-separated mutant names (or origin:spec, ...)
     seconds: float = 60.0  # per mutant
     shrink_seconds: int = 10
-    shrink_stall: int = 30
+    shrink_stall: int = 0
     reduce_seconds: float = 15.0
     seed: int = 11
     profile: str = "ci"

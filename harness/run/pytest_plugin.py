@@ -140,7 +140,7 @@ def run_family(
     shrinking bound; ``hyp_settings``, else the loaded profile on ``db``); a finding fails the test
     with its report path (under ``opts.out``)."""
     from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
-    from harness.run.fuzzing import finding_trace
+    from harness.run.fuzzing import finding_trace, reduce_finding
     from harness.traces.report import replay_command, write_report
 
     stats = RunStats(shrink_stall=opts.shrink_stall)
@@ -149,12 +149,15 @@ def run_family(
         run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
         return
     except (AssertionError, ShrinkStalled) as e:  # stalled: the shortest failing trace so far
-        trace = finding_trace(stats, opts.target, None, None, family, opts.relation, isinstance(e, ShrinkStalled))
-        if trace is None or stats.finding is None:
+        shortest = isinstance(e, ShrinkStalled)
+        trace = finding_trace(stats, opts.target, None, None, family, opts.relation, shortest)
+        finding = stats.best[0] if shortest and stats.best is not None else stats.finding
+        if trace is None or finding is None:
             raise
+    trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout)
     report = write_report(opts.out, trace)
     replay = replay_command(report, trace.target_name)
-    pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
+    pytest.fail(f"kvspec: {finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
 
 
 def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:

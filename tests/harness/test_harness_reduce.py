@@ -61,3 +61,51 @@ def test_same_finding_tells_findings_apart():
     )
     assert not same_finding(a, Finding("divergence", 3, msg, {"op": "free"}))
     assert not same_finding(a, Finding("invariant", 3, msg, {"op": "allocate_slots"}, invariant="i"))
+
+
+def test_a_finding_of_the_spec_itself_is_reduced_too():
+    """``kvspec mutants``' ``self`` mode: the spec carries the bug, so the spec against itself breaks
+    the invariant at the failing step too; the reduction still cuts the unrelated requests."""
+    from harness.mutants.spec import patched_spec
+
+    trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
+    noise = [O.AddRequest("noise", (3, 3, 3)), O.GetComputedBlocks("noise"), O.SetStatus("noise", "RUNNING")]
+    ops = noise + list(trace.ops)
+    with patched_spec("free_order_appended", keep=("spec.invariants",)):
+        found, _ = run_ops(trace.config, ops, SpecTarget, trace.relation)
+        assert found is not None and found.kind == "reference-invariant"
+        red = reduce_trace(trace.config, ops, found, SpecTarget, trace.relation, seconds=20)
+        again, steps = run_ops(red.config, red.ops, SpecTarget, trace.relation)
+    assert len(red.ops) < len(ops) and not any(getattr(op, "request_id", None) == "noise" for op in red.ops)
+    assert again is not None and same_finding(again, found) and len(steps) == len(red.ops)
+
+
+def test_the_spec_exception_is_only_for_its_own_finding():
+    """The exception is for the finding being reduced, a ``reference-invariant`` one, at the last
+    operation: a target's finding is never reduced to a trace the spec itself rejects."""
+    from harness.mutants.spec import patched_spec
+    from harness.traces.reduce import is_valid_trace
+
+    trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
+    with patched_spec("free_order_appended", keep=("spec.invariants",)):
+        found, steps = run_ops(trace.config, trace.ops, SpecTarget, trace.relation)
+        assert found is not None and found.kind == "reference-invariant"
+        ops = [op for op, _ in steps]
+        assert is_valid_trace(trace.config, ops, found)
+        assert not is_valid_trace(trace.config, ops)
+        as_target = Finding("invariant", found.step, found.message, found.op, invariant=found.invariant)
+        assert not is_valid_trace(trace.config, ops, as_target)
+        assert not is_valid_trace(trace.config, [*ops, ops[-1]], found)  # not at the last operation
+
+
+def test_a_target_kind_of_finding_the_spec_shares_is_an_invalid_trace(monkeypatch):
+    """Only a ``reference-invariant`` finding may be the spec's own: when the spec against itself
+    also ends in, say, the same KV-ledger finding, the trace is bad input, not a reduction."""
+    import harness.traces.reduce as R
+
+    trace = read_trace(CORPUS[0])
+    ops = list(trace.ops)
+    for kind in ("kv-ledger", "invariant", "reference-raised"):
+        shared = Finding(kind, len(ops) - 1, "the same message", {"op": ops[-1].op})
+        monkeypatch.setattr(R, "run_ops", lambda *a, shared=shared, **k: (shared, [(op, None) for op in ops]))
+        assert not R.is_valid_trace(trace.config, ops, shared), kind
