@@ -102,7 +102,9 @@ def add_parser(sub: Any) -> None:
     m.add_argument(
         "--family", default=D.family, help="families of a user's mutants (comma-separated or 'all'; default full)"
     )
-    m.add_argument("--relation", default=D.relation, help="equality relation of a user's mutants (default exact)")
+    m.add_argument(
+        "--relation", default=D.relation, help="equality relation of a user's mutants (default: the target's own)"
+    )
     m.add_argument(
         "--only", default=D.only, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)"
     )
@@ -355,7 +357,9 @@ def mutants_cmd(opts: MutantsOptions) -> int:
 
     try:
         if opts.target is not None:
-            entries = user_entries(opts.target, opts.mutants, tuple(parse_families(opts.family)), opts.relation)
+            target = opts.target
+            opts, relation = _with_relation(opts, target)
+            entries = user_entries(target, opts.mutants, tuple(parse_families(opts.family)), relation)
         else:
             entries = builtin_entries(with_vllm=not opts.no_vllm and _has_vllm())
         entries = select(entries, opts.only)
@@ -384,12 +388,27 @@ def mutants_cmd(opts: MutantsOptions) -> int:
     return EXIT_OK if killed == len(rows) else EXIT_SURVIVED
 
 
+def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, str]:
+    """``opts`` under the relation in force for the user's ``target`` (said on stderr, with why)."""
+    from dataclasses import replace
+
+    from harness.run.relation_choice import choose_relation
+    from harness.targets import TargetLoadError, target_factory
+
+    try:
+        choice = choose_relation(opts.relation, target, None if opts.relation else target_factory(target))
+    except TargetLoadError as e:
+        raise ValueError(str(e)) from None
+    print(f"kvspec mutants: {choice.line()}", file=sys.stderr, flush=True)
+    return replace(opts, relation=choice.relation), choice.relation
+
+
 def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:
     """The unmutated user target must survive the same families for a short while."""
     from harness.targets import target_factory
 
     fams = tuple(sorted({f for e in entries for f in e.families}))
-    control = Entry("(control)", "user", opts.relation, target, fams, target_factory(target))
+    control = Entry("(control)", "user", opts.relation or "exact", target, fams, target_factory(target))
     row = run_entry(control, opts.control())
     if row.killed:
         print(

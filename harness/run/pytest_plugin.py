@@ -43,6 +43,7 @@ class Suite:
     options: FuzzOptions
     factory: Callable[[], Any]
     db: Any
+    relation_line: str = ""  # which relation is in force and why (the report header)
 
 
 _SUITE: Suite | None = None  # None without --kvspec-target
@@ -53,7 +54,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("kvspec", "kvspec: differential fuzzing of a KV-cache manager against vLLM 0.33's model")
     g.addoption("--kvspec-target", default=None, help="spec, vllm, impl, mutant:NAME or package.module:factory")
     g.addoption("--kvspec-family", default="all", help="comma-separated families, or 'all' (default)")
-    g.addoption("--kvspec-relation", default=D.relation, help="exact (default), outcomes or invariants")
+    g.addoption(
+        "--kvspec-relation",
+        default=None,
+        help="exact, outcomes or invariants (default: the target's own, said in the header)",
+    )
     g.addoption("--kvspec-out", default=D.out, help="where reports of findings are written")
     g.addoption(
         "--kvspec-db",
@@ -73,20 +78,39 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from harness.mutants.registry import resolve_target
+    from harness.run.relation_choice import choose_relation
     from harness.targets import TargetLoadError
 
-    relation = config.getoption("kvspec_relation")
+    given = config.getoption("kvspec_relation")
     try:
-        families = check_choices(config.getoption("kvspec_family"), relation)
+        families = check_choices(config.getoption("kvspec_family"), given)
         factory = resolve_target(target)
+        choice = choose_relation(given, target, factory)
         db = _database(config.getoption("kvspec_db"))
     except (UsageError, ValueError, TargetLoadError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    _SUITE = Suite(plugin_options(config, target=target, families=families, relation=relation), factory, db)
+    opts = plugin_options(config, target=target, families=families, relation=choice.relation)
+    _SUITE = Suite(opts, factory, db, f"kvspec: target {target}, {choice.line()}")
     if config.getoption("kvspec_only"):
         config.args[:] = [str(SUITE)]
     elif str(SUITE) not in config.args:
         config.args.append(str(SUITE))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The run's first lines: the target, the relation in force and why, the families and the budget."""
+    if _SUITE is None:
+        return []
+    from hypothesis import settings
+
+    s = settings()
+    profile = getattr(settings, "_current_profile", None) or "default"
+    fams = _SUITE.options.families
+    return [
+        _SUITE.relation_line,
+        f"kvspec: {len(fams)} test(s), one per family ({','.join(fams)}); each up to {s.max_examples} examples "
+        f"of {s.stateful_step_count} steps (Hypothesis profile {profile})",
+    ]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -147,11 +171,14 @@ def run_family(
     machine = make_machine(family, factory, opts.target, opts.relation, stats, opts.step_timeout)
     try:
         run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
-        return
     except AssertionError:
         trace = finding_trace(stats, opts.target, None, None, family, opts.relation)
         if trace is None or stats.finding is None:
             raise
+    else:
+        if family in stats.skipped:  # the target declined every config of the family: nothing was checked
+            pytest.skip(f"kvspec: {opts.target} models no config of family {family}: {stats.skipped[family]}")
+        return
     report = write_report(opts.out, trace)
     replay = replay_command(report, trace.target_name)
     pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
@@ -196,8 +223,10 @@ class KVSpecFixture:
     def __init__(self, options: FuzzOptions, db: Any) -> None:
         self.options, self.db = options, db
 
-    def check(self, target: str | Callable[[], Any], family: str = "full", relation: str = "exact") -> None:
+    def check(self, target: str | Callable[[], Any], family: str = "full", relation: str | None = None) -> None:
+        """Run ``target`` on ``family`` under ``relation`` (None: the target's own, relation_choice)."""
         from harness.mutants.registry import resolve_target
+        from harness.run.relation_choice import choose_relation
         from harness.targets import TargetLoadError, check_target
         from harness.world.families import parse_families
 
@@ -208,9 +237,10 @@ class KVSpecFixture:
                 name, factory = getattr(target, "__qualname__", "target"), target
                 check_target(factory, name)
             families = tuple(parse_families(family))
-        except (ValueError, TargetLoadError) as e:
+            choice = choose_relation(relation, name, factory)
+        except (ValueError, TargetLoadError, UsageError) as e:
             pytest.fail(f"kvspec: {e}", pytrace=False)
-        opts = replace(self.options, target=name, families=families, relation=relation)
+        opts = replace(self.options, target=name, families=families, relation=choice.relation)
         for fam in families:
             run_family(opts, factory, fam, self.db)
 
