@@ -184,13 +184,48 @@ def run_family(
     pytest.fail(f"kvspec: {stats.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
 
 
+PROGRESS_SECONDS = 5.0
+
+
+def progress_poll(name: str, stats: Any, every: float = PROGRESS_SECONDS) -> Callable[[], None]:
+    """A ``RunStats.poll`` that prints what the machine has done, on stderr, at its first operation and
+    then every ``every`` seconds: what a HypoFuzz run shows (``hypothesis fuzz --no-dashboard`` itself
+    prints nothing past collection)."""
+    import os
+    import sys
+    import time
+
+    started: list[float] = []
+
+    def poll() -> None:
+        now = time.monotonic()
+        if started and now - started[1] < every:
+            return
+        if not started:
+            started[:] = [now, now]
+            print(f"kvspec: {name} (pid {os.getpid()}): fuzzing started", file=sys.stderr, flush=True)
+            return
+        started[1] = now
+        took = now - started[0]
+        print(
+            f"kvspec: {name} (pid {os.getpid()}): {stats.examples} examples, {stats.steps} steps in {took:.0f}s "
+            f"({stats.steps / took:.0f} steps/s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return poll
+
+
 def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
     """``TestKVSpec_<family>``: one unittest case whose ``runTest`` is kvspec's machine (HypoFuzz
     recognises it as a state-machine test through ``_hypothesis_state_machine_class``)."""
     from harness.check.machine import RunStats, make_machine
 
     o = suite.options
-    machine = make_machine(family, suite.factory, o.target, o.relation, RunStats(), o.step_timeout)
+    stats = RunStats()
+    stats.poll = progress_poll(f"TestKVSpec_{family}", stats)  # HypoFuzz drives this machine directly
+    machine = make_machine(family, suite.factory, o.target, o.relation, stats, o.step_timeout)
 
     def runTest(self: unittest.TestCase) -> None:
         run_family(o, suite.factory, family, hyp_settings=type(self).settings)  # type: ignore[attr-defined]
