@@ -145,7 +145,7 @@ def test_the_redis_recipe_runs_as_documented(tmp_path):
         if (repo.root / "redis.pid").exists():
             subprocess.run(["bash", "-c", stop], cwd=repo.root, capture_output=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"families no_cache, up to 5s, seed 0, 2 workers" in r.stderr, r.stderr
+    assert "families no_cache, up to 5s, seed 0, 2 workers" in r.stderr, r.stderr
     assert "kvspec fuzz: no finding" in r.stdout + r.stderr
     (suite,) = ET.parse(repo.root / "fuzz.xml").getroot()
     assert [c.get("name") for c in suite.iter("testcase")] == ["no_cache"] and not list(suite.iter("failure"))
