@@ -17,8 +17,12 @@ import time
 import xml.etree.ElementTree as ET
 
 import pytest
+from ci_helpers import REPO
 from user_repo import Command, UserRepo, documented_commands, make_user_repo, redis_recipe
 
+pytestmark = pytest.mark.skipif(
+    shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout of kvspec"
+)
 TARGET = "mypkg.kvspec_adapter:make_target"
 DECLARED = f"relation invariants (declared by target {TARGET}: "
 
