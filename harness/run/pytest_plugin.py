@@ -11,7 +11,11 @@ state machine: the Hypothesis profile that is loaded (``--hypothesis-profile``; 
 ``--kvspec-db`` / ``KVSPEC_DB`` when given, else the profile's own, so past failures are replayed
 first.  A finding fails the test with its one-line summary and the path of the report written
 under ``--kvspec-out``.  The tests are ordinary Hypothesis state-machine tests, so HypoFuzz fuzzes
-them on many cores (``hypofuzz -n 4 -- --kvspec-target ... --kvspec-only``).
+them on many cores (``hypothesis fuzz -n 4 -- --kvspec-target ... --kvspec-only``); each machine
+prints its progress on stderr every few seconds (``progress_poll``), which is all a
+``--no-dashboard`` run shows.  The header says the target, the relation in force and why
+(``harness.run.relation_choice``), and the run's size; a family the target models no config of
+is skipped, saying why.
 
 In a test of one's own, the ``kvspec`` fixture does the same for one target and family::
 

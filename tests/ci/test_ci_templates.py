@@ -214,3 +214,10 @@ def test_github_jobs_grant_what_their_actions_need_and_no_more():
         for scope, level in needed.items():
             assert LEVEL[granted.get(scope, "none")] >= LEVEL[level], (name, scope, granted)
         assert set(granted) <= set(needed) | {"contents"}, (name, granted, needed)
+
+
+def test_the_templates_install_line_is_the_one_the_user_repo_test_runs():
+    """docs/ci.md's install line, run as written by tests/ci/test_ci_user_repo.py, is the templates'."""
+    from user_repo import documented_commands
+
+    assert INSTALL_KVSPEC in [c.line for c in documented_commands()]
