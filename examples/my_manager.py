@@ -6,11 +6,12 @@ free list.  ``TinyTarget`` adapts it to kvspec's protocol (``harness.targets.bas
 (``Unsupported``): there ``observe()`` would have to report each request's block hashes, which
 the invariants check.  Fuzz it from the repository root with (docs/targets.md)
 
-    kvspec fuzz --target examples.my_manager:make_target --family no_cache --relation invariants --seconds 5
+    kvspec fuzz --target examples.my_manager:make_target --family no_cache --seconds 5
 
-``--relation invariants`` checks only the invariants on the observed state, because this manager
-legitimately differs from vLLM (its free list is ordered differently).  With the default ``exact``
-relation kvspec reports the first difference from vLLM 0.33's behaviour instead.
+The target declares ``relation = "invariants"`` (harness/run/relation_choice.py): this manager
+legitimately differs from vLLM (its free list is ordered differently), so kvspec checks the
+invariants and the KV ledger on its observed state, and says so in the run's first lines.  With
+``--relation exact`` kvspec reports the first difference from vLLM 0.33's behaviour instead.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class TinyTarget:
 
     name = "my_manager"
     version = "tiny 1.0"
+    relation = "invariants"  # the relation that fits (docs/targets.md); --relation still wins
+    relation_reason = "TinyManager puts freed blocks at the front of its free list, vLLM at the tail"
 
     def reset(self, config: KVCacheConfig) -> None:
         if len(config.groups) != 1 or config.groups[0].kind != "full":

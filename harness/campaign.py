@@ -42,24 +42,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from harness.mutants.record import Mutant
 
+from harness.check.finding import check_of
 from harness.run.options import MutantsOptions, UsageError
+from harness.run.startup import cold_report_seconds, startup_target
 
 EXIT_OK, EXIT_SURVIVED, EXIT_USAGE = 0, 1, 2
 RELATION_CHECKS = ("outcome", "observation")
-# The field an observation divergence names, from the start of equality.observation_differences' message.
-_OBS_FIELDS = (
-    ("group ", "tables"),
-    ("num_cached_block", "num_cached_block"),
-    ("ref counts", "ref_cnt"),
-    ("blocks expected", "ref_cnt"),
-    ("block hashes differ", "block_key"),
-    ("tokens covered", "block_key_tokens"),
-    ("secondary", "secondary_keys"),
-    ("free queue", "free_queue"),
-    ("cached key", "cached"),
-    ("hash map", "cached"),
-    ("block hashes of", "request_block_hashes"),
-)
 
 
 @dataclass(frozen=True)
@@ -103,15 +91,15 @@ def add_parser(sub: Any) -> None:
     m.add_argument(
         "--family", default=D.family, help="families of a user's mutants (comma-separated or 'all'; default full)"
     )
-    m.add_argument("--relation", default=D.relation, help="equality relation of a user's mutants (default exact)")
+    m.add_argument(
+        "--relation", default=D.relation, help="equality relation of a user's mutants (default: the target's own)"
+    )
     m.add_argument(
         "--only", default=D.only, help="comma-separated mutant names (or origin:spec, origin:impl, origin:vllm)"
     )
     m.add_argument("--seconds", type=float, default=D.seconds, help="time budget per mutant (default 60)")
     m.add_argument("--shrink-seconds", type=int, default=D.shrink_seconds)
-    m.add_argument(
-        "--shrink-stall", type=int, default=D.shrink_stall, help="as kvspec fuzz --shrink-stall (0: none)"
-    )
+    m.add_argument("--shrink-stall", type=int, default=D.shrink_stall, help="as kvspec fuzz --shrink-stall (0: none)")
     m.add_argument(
         "--reduce-seconds",
         type=float,
@@ -222,20 +210,6 @@ def _load_callable(spec: str) -> Callable[[], Any]:
 
 
 # --- running -----------------------------------------------------------------------------------------
-
-
-def check_of(finding: dict[str, Any]) -> str:
-    """Which check fired: the invariant's name, the equality field, or the finding kind."""
-    kind, msg = str(finding.get("kind", "?")), str(finding.get("message", ""))
-    if finding.get("invariant"):
-        return f"{kind}: {finding['invariant']}"
-    if kind == "divergence":
-        if msg.startswith("outcome differs"):
-            return "divergence: outcome"
-        detail = msg.split(": ", 1)[-1]
-        field = next((f for prefix, f in _OBS_FIELDS if detail.startswith(prefix)), "?")
-        return f"divergence: observation/{field}"
-    return kind
 
 
 def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
@@ -372,7 +346,9 @@ def mutants_cmd(opts: MutantsOptions) -> int:
 
     try:
         if opts.target is not None:
-            entries = user_entries(opts.target, opts.mutants, tuple(parse_families(opts.family)), opts.relation)
+            target = opts.target
+            opts, relation = _with_relation(opts, target)
+            entries = user_entries(target, opts.mutants, tuple(parse_families(opts.family)), relation)
         else:
             entries = builtin_entries(with_vllm=not opts.no_vllm and _has_vllm())
         entries = select(entries, opts.only)
@@ -390,7 +366,7 @@ def mutants_cmd(opts: MutantsOptions) -> int:
         )
         row = run_entry(entry, opts)
         if row.to_report is not None:
-            row.cold = _cold(row.to_report, startup_target(entry), startups)
+            row.cold = cold_report_seconds(row.to_report, startup_target(entry.origin, entry.target), startups)
         rows.append(row)
     for line in render_table(rows):
         print(line)
@@ -412,20 +388,19 @@ def mutants_cmd(opts: MutantsOptions) -> int:
     return EXIT_OK if killed == len(rows) else EXIT_SURVIVED
 
 
-def startup_target(entry: Entry) -> str:
-    """The target whose start-up a cold ``kvspec fuzz`` of this row pays (``harness.run.startup``)."""
-    builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
-    return builtin.get(entry.origin, entry.target.split("#", 1)[0])
+def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, str]:
+    """``opts`` under the relation in force for the user's ``target`` (said on stderr, with why)."""
+    from dataclasses import replace
 
+    from harness.run.relation_choice import choose_relation
+    from harness.targets import TargetLoadError, target_factory
 
-def _cold(to_report: float, target: str, startups: dict[str, float | None]) -> float | None:
-    """``to_report`` plus the start-up of a fresh process for ``target`` (measured once per target)."""
-    from harness.run.startup import cold_start_seconds
-
-    if target not in startups:
-        startups[target] = cold_start_seconds(target)
-    up = startups[target]
-    return None if up is None else up + to_report
+    try:
+        choice = choose_relation(opts.relation, target, None if opts.relation else target_factory(target))
+    except TargetLoadError as e:
+        raise ValueError(str(e)) from None
+    print(f"kvspec mutants: {choice.line()}", file=sys.stderr, flush=True)
+    return replace(opts, relation=choice.relation), choice.relation
 
 
 def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:
@@ -433,7 +408,7 @@ def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> 
     from harness.targets import target_factory
 
     fams = tuple(sorted({f for e in entries for f in e.families}))
-    control = Entry("(control)", "user", opts.relation, target, fams, target_factory(target))
+    control = Entry("(control)", "user", opts.relation or "exact", target, fams, target_factory(target))
     row = run_entry(control, opts.control())
     if row.killed:
         print(

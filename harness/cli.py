@@ -40,7 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--seed", type=int, default=D.seed, help="any integer")
     f.add_argument("--out", default=D.out, help="report folder (written only on a finding; checked writable first)")
-    f.add_argument("--relation", default=D.relation, help="equality relation: exact, outcomes, invariants")
+    f.add_argument(
+        "--relation",
+        default=None,
+        help="equality relation: exact, outcomes, invariants (default: the target's own; vLLM and impl: exact, "
+        "a manager that is not vLLM: invariants; the first line says which and why)",
+    )
     f.add_argument("--profile", default=D.profile, help="Hypothesis profile: dev, ci, nightly")
     f.add_argument(
         "--step-timeout", type=float, default=D.step_timeout, help="seconds one target call may take (> 0, <= 86400)"
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fuzz":
             opts = FuzzOptions.from_namespace(args)
             with fuzz_environ(opts):
-                return fuzz(opts)
+                return fuzz(opts, relation_given=args.relation is not None)
         if args.command == "replay":
             return replay_cmd(args)
         if args.command == "report":
@@ -167,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 # --- fuzz ------------------------------------------------------------------------------------------
 
 
-def fuzz(opts: FuzzOptions) -> int:
+def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
     """``kvspec fuzz``, its options already checked (``FuzzOptions.from_namespace``) and set in the
-    environment (``fuzz_environ``): the run with SIGINT and SIGTERM handled
+    environment (``fuzz_environ``); without ``relation_given`` the target's own relation replaces
+    ``opts.relation`` (``harness.run.relation_choice``): the run with SIGINT and SIGTERM handled
     (``harness.run.signals.SIGNALS``: a clean stop that keeps a finding), then the summary and the
     report (``finish_fuzz``)."""
     from harness.run.finish import finish_fuzz
@@ -183,11 +189,12 @@ def fuzz(opts: FuzzOptions) -> int:
     with SIGNALS.installed():
         try:
             with SIGNALS.armed():
-                factory = _load_fuzz_target(opts)
+                opts, factory, choice = _load_fuzz_target(opts, relation_given)
             workers = f", {opts.workers} workers" if opts.workers > 1 else ""
             print(
                 f"kvspec fuzz: target {opts.target}, families {','.join(opts.families)}, up to {opts.seconds:g}s, "
-                f"seed {opts.seed}{workers}; reports to {opts.out}",
+                f"seed {opts.seed}{workers}; reports to {opts.out}\n"
+                f"kvspec fuzz: {choice.line(ledger=not opts.no_ledger)}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -220,16 +227,25 @@ def _run_fuzz(opts: FuzzOptions, factory: Any, tty: bool) -> Any:
     return run_fuzz(opts, factory, on_batch=on_batch, bounded=True, announce=announce)
 
 
-def _load_fuzz_target(opts: FuzzOptions) -> Any:
-    """The target factory ``--target`` names; ``UsageError`` when it cannot be loaded (also when loading
-    it raises ``SystemExit``)."""
-    from harness.run.fuzzing import fuzz_factory
+def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOptions, Any, Any]:
+    """The target factory ``--target`` names (wrapped for ``--kv-check``), ``opts`` under the relation
+    in force (``--relation``, else the target's own: ``harness.run.relation_choice``) and that choice,
+    whose line the run prints first.  ``UsageError`` when the target cannot be loaded (also when
+    loading it raises ``SystemExit``) or declares a relation that does not exist."""
+    from dataclasses import replace
+
+    from harness.mutants.registry import is_builtin_target
+    from harness.run.fuzzing import kv_checked, target_of
+    from harness.run.relation_choice import choose_relation
     from harness.targets import TargetLoadError
 
     try:
-        return fuzz_factory(opts)
+        factory = target_of(opts)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
+    given = opts.relation if relation_given else None
+    choice = choose_relation(given, opts.target, None if is_builtin_target(opts.target) else factory)
+    return replace(opts, relation=choice.relation), kv_checked(opts, factory), choice
 
 
 # --- pd ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 from harness.check.timeout import StepTimeout, call_with_timeout
 from harness.core.observation import Observation
 
-__all__ = ["Finding", "FindingError", "StepTimeout", "call_with_timeout", "obs_to_json"]
+__all__ = ["Finding", "FindingError", "StepTimeout", "call_with_timeout", "check_of", "obs_to_json"]
 
 
 @dataclass
@@ -70,3 +70,33 @@ def obs_to_json(obs: Observation, blocks: set[int] | None = None, requests: set[
         "free_queue": list(obs.free_queue),
         "num_hashes": {r: len(h) for r, h in obs.request_block_hashes.items() if requests is None or r in requests},
     }
+
+
+# The field an observation divergence names, from the start of equality.observation_differences' message.
+_OBS_FIELDS = (
+    ("group ", "tables"),
+    ("num_cached_block", "num_cached_block"),
+    ("ref counts", "ref_cnt"),
+    ("blocks expected", "ref_cnt"),
+    ("block hashes differ", "block_key"),
+    ("tokens covered", "block_key_tokens"),
+    ("secondary", "secondary_keys"),
+    ("free queue", "free_queue"),
+    ("cached key", "cached"),
+    ("hash map", "cached"),
+    ("block hashes of", "request_block_hashes"),
+)
+
+
+def check_of(finding: dict[str, Any]) -> str:
+    """Which check fired: the invariant's name, the equality field, or the finding kind."""
+    kind, msg = str(finding.get("kind", "?")), str(finding.get("message", ""))
+    if finding.get("invariant"):
+        return f"{kind}: {finding['invariant']}"
+    if kind == "divergence":
+        if msg.startswith("outcome differs"):
+            return "divergence: outcome"
+        detail = msg.split(": ", 1)[-1]
+        field = next((f for prefix, f in _OBS_FIELDS if detail.startswith(prefix)), "?")
+        return f"divergence: observation/{field}"
+    return kind

@@ -69,15 +69,24 @@ class FuzzResult:
 def fuzz_factory(opts: FuzzOptions) -> Callable[[], Any]:
     """``--target`` resolved (``TargetLoadError`` if it cannot be, also when loading it raises
     ``SystemExit``), wrapped in the oracle with ``--kv-check``."""
+    return kv_checked(opts, target_of(opts))
+
+
+def target_of(opts: FuzzOptions) -> Callable[[], Any]:
+    """``--target`` resolved, unwrapped (``TargetLoadError`` if it cannot be, also on ``SystemExit``)."""
     from harness.mutants.registry import resolve_target
     from harness.targets import TargetLoadError
 
     try:
-        factory = resolve_target(opts.target)
+        return resolve_target(opts.target)
     except (TargetLoadError, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001 - SystemExit from a user's module or factory must not end kvspec
         raise TargetLoadError(f"target {opts.target!r}: loading it raised {type(e).__name__}: {e}") from None
+
+
+def kv_checked(opts: FuzzOptions, factory: Callable[[], Any]) -> Callable[[], Any]:
+    """``factory`` wrapped in the KV-content oracle with ``--kv-check``, else as it is."""
     if not opts.kv_check:
         return factory
     from harness.oracle.target import KVCheckTarget

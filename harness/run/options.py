@@ -64,7 +64,8 @@ class FuzzOptions:
     def from_namespace(cls, ns: argparse.Namespace) -> FuzzOptions:
         """``kvspec fuzz``'s parsed options, every one checked before any work (``UsageError`` names
         the option and why)."""
-        return _built(cls, ns, families=_check_fuzz_options(ns))
+        families = _check_fuzz_options(ns)  # --relation left out (None): the default here; ``kvspec fuzz``
+        return _built(cls, ns, families=families, relation=ns.relation or cls.relation)  # then asks the target
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class MutantsOptions:
     target: str | None = None  # a user's package.module:factory, whose mutants run instead of the catalogue
     mutants: str | None = None  # the user's package.module:callable returning {name: factory}
     family: str = "full"  # families of a user's mutants
-    relation: str = "exact"  # equality relation of a user's mutants
+    relation: str | None = None  # equality relation of a user's mutants (None: the target's, relation_choice)
     only: str | None = None  # comma-separated mutant names (or origin:spec, ...)
     seconds: float = 60.0  # per mutant
     shrink_seconds: int = 10
@@ -99,7 +100,7 @@ class MutantsOptions:
         _check_numbers(ns, (NumberRange("--shrink-stall", 0, 1_000_000),))
         with _as_usage_error():
             profile_settings(ns.profile)
-        if ns.target is not None:
+        if ns.target is not None and ns.relation is not None:
             _check_relation(ns.relation)
         return _built(cls, ns)
 
@@ -140,13 +141,15 @@ def _as_usage_error() -> Iterator[None]:
         raise UsageError(str(e)) from None
 
 
-def check_choices(family: str, relation: str) -> tuple[str, ...]:
-    """``--family`` parsed and ``--relation`` checked (``UsageError`` says why not); the families."""
+def check_choices(family: str, relation: str | None) -> tuple[str, ...]:
+    """``--family`` parsed and ``--relation`` checked, unless left out (``UsageError`` says why not); the
+    families."""
     from harness.world.families import parse_families
 
     with _as_usage_error():
         families = tuple(parse_families(family))
-    _check_relation(relation)
+    if relation is not None:
+        _check_relation(relation)
     return families
 
 

@@ -11,7 +11,11 @@ state machine: the Hypothesis profile that is loaded (``--hypothesis-profile``; 
 ``--kvspec-db`` / ``KVSPEC_DB`` when given, else the profile's own, so past failures are replayed
 first.  A finding fails the test with its one-line summary and the path of the report written
 under ``--kvspec-out``.  The tests are ordinary Hypothesis state-machine tests, so HypoFuzz fuzzes
-them on many cores (``hypofuzz -n 4 -- --kvspec-target ... --kvspec-only``).
+them on many cores (``hypothesis fuzz -n 4 -- --kvspec-target ... --kvspec-only``); each machine
+prints its progress on stderr every few seconds (``progress_poll``), which is all a
+``--no-dashboard`` run shows.  The header says the target, the relation in force and why
+(``harness.run.relation_choice``), and the run's size; a family the target models no config of
+is skipped, saying why.
 
 In a test of one's own, the ``kvspec`` fixture does the same for one target and family::
 
@@ -43,6 +47,7 @@ class Suite:
     options: FuzzOptions
     factory: Callable[[], Any]
     db: Any
+    relation_line: str = ""  # which relation is in force and why (the report header)
 
 
 _SUITE: Suite | None = None  # None without --kvspec-target
@@ -53,7 +58,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("kvspec", "kvspec: differential fuzzing of a KV-cache manager against vLLM 0.33's model")
     g.addoption("--kvspec-target", default=None, help="spec, vllm, impl, mutant:NAME or package.module:factory")
     g.addoption("--kvspec-family", default="all", help="comma-separated families, or 'all' (default)")
-    g.addoption("--kvspec-relation", default=D.relation, help="exact (default), outcomes or invariants")
+    g.addoption(
+        "--kvspec-relation",
+        default=None,
+        help="exact, outcomes or invariants (default: the target's own, said in the header)",
+    )
     g.addoption("--kvspec-out", default=D.out, help="where reports of findings are written")
     g.addoption(
         "--kvspec-db",
@@ -73,20 +82,39 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from harness.mutants.registry import resolve_target
+    from harness.run.relation_choice import choose_relation
     from harness.targets import TargetLoadError
 
-    relation = config.getoption("kvspec_relation")
+    given = config.getoption("kvspec_relation")
     try:
-        families = check_choices(config.getoption("kvspec_family"), relation)
+        families = check_choices(config.getoption("kvspec_family"), given)
         factory = resolve_target(target)
+        choice = choose_relation(given, target, factory)
         db = _database(config.getoption("kvspec_db"))
     except (UsageError, ValueError, TargetLoadError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    _SUITE = Suite(plugin_options(config, target=target, families=families, relation=relation), factory, db)
+    opts = plugin_options(config, target=target, families=families, relation=choice.relation)
+    _SUITE = Suite(opts, factory, db, f"kvspec: target {target}, {choice.line()}")
     if config.getoption("kvspec_only"):
         config.args[:] = [str(SUITE)]
     elif str(SUITE) not in config.args:
         config.args.append(str(SUITE))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The run's first lines: the target, the relation in force and why, the families and the budget."""
+    if _SUITE is None:
+        return []
+    from hypothesis import settings
+
+    s = settings()
+    profile = getattr(settings, "_current_profile", None) or "default"
+    fams = _SUITE.options.families
+    return [
+        _SUITE.relation_line,
+        f"kvspec: {len(fams)} test(s), one per family ({','.join(fams)}); each up to {s.max_examples} examples "
+        f"of {s.stateful_step_count} steps (Hypothesis profile {profile})",
+    ]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -147,17 +175,53 @@ def run_family(
     machine = make_machine(family, factory, opts.target, opts.relation, stats, opts.step_timeout)
     try:
         run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
-        return
     except (AssertionError, ShrinkStalled) as e:  # stalled: the shortest failing trace so far
         shortest = isinstance(e, ShrinkStalled)
         trace = finding_trace(stats, opts.target, None, None, family, opts.relation, shortest)
         finding = stats.best[0] if shortest and stats.best is not None else stats.finding
         if trace is None or finding is None:
             raise
+    else:
+        if family in stats.skipped:  # the target declined every config of the family: nothing was checked
+            pytest.skip(f"kvspec: {opts.target} models no config of family {family}: {stats.skipped[family]}")
+        return
     trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout)
     report = write_report(opts.out, trace)
     replay = replay_command(report, trace.target_name)
     pytest.fail(f"kvspec: {finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
+
+
+PROGRESS_SECONDS = 5.0
+
+
+def progress_poll(name: str, stats: Any, every: float = PROGRESS_SECONDS) -> Callable[[], None]:
+    """A ``RunStats.poll`` that prints what the machine has done, on stderr, at its first operation and
+    then every ``every`` seconds: what a HypoFuzz run shows (``hypothesis fuzz --no-dashboard`` itself
+    prints nothing past collection)."""
+    import os
+    import sys
+    import time
+
+    started: list[float] = []
+
+    def poll() -> None:
+        now = time.monotonic()
+        if started and now - started[1] < every:
+            return
+        if not started:
+            started[:] = [now, now]
+            print(f"kvspec: {name} (pid {os.getpid()}): fuzzing started", file=sys.stderr, flush=True)
+            return
+        started[1] = now
+        took = now - started[0]
+        print(
+            f"kvspec: {name} (pid {os.getpid()}): {stats.examples} examples, {stats.steps} steps in {took:.0f}s "
+            f"({stats.steps / took:.0f} steps/s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return poll
 
 
 def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
@@ -166,7 +230,9 @@ def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
     from harness.check.machine import RunStats, make_machine
 
     o = suite.options
-    machine = make_machine(family, suite.factory, o.target, o.relation, RunStats(), o.step_timeout)
+    stats = RunStats()
+    stats.poll = progress_poll(f"TestKVSpec_{family}", stats)  # HypoFuzz drives this machine directly
+    machine = make_machine(family, suite.factory, o.target, o.relation, stats, o.step_timeout)
 
     def runTest(self: unittest.TestCase) -> None:
         run_family(o, suite.factory, family, hyp_settings=type(self).settings)  # type: ignore[attr-defined]
@@ -199,8 +265,10 @@ class KVSpecFixture:
     def __init__(self, options: FuzzOptions, db: Any) -> None:
         self.options, self.db = options, db
 
-    def check(self, target: str | Callable[[], Any], family: str = "full", relation: str = "exact") -> None:
+    def check(self, target: str | Callable[[], Any], family: str = "full", relation: str | None = None) -> None:
+        """Run ``target`` on ``family`` under ``relation`` (None: the target's own, relation_choice)."""
         from harness.mutants.registry import resolve_target
+        from harness.run.relation_choice import choose_relation
         from harness.targets import TargetLoadError, check_target
         from harness.world.families import parse_families
 
@@ -211,9 +279,10 @@ class KVSpecFixture:
                 name, factory = getattr(target, "__qualname__", "target"), target
                 check_target(factory, name)
             families = tuple(parse_families(family))
-        except (ValueError, TargetLoadError) as e:
+            choice = choose_relation(relation, name, factory)
+        except (ValueError, TargetLoadError, UsageError) as e:
             pytest.fail(f"kvspec: {e}", pytrace=False)
-        opts = replace(self.options, target=name, families=families, relation=relation)
+        opts = replace(self.options, target=name, families=families, relation=choice.relation)
         for fam in families:
             run_family(opts, factory, fam, self.db)
 

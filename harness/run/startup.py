@@ -47,6 +47,23 @@ def cold_start_seconds(target: str, timeout: float = 300.0) -> float | None:
     return time.perf_counter() - t0 if done.returncode == 0 else None
 
 
+def startup_target(origin: str, target: str) -> str:
+    """The target whose start-up a cold ``kvspec fuzz`` of a ``kvspec mutants`` row pays: the built-in
+    one its mutant patches (``origin``), or the user's ``package.module:factory`` (``target``, less
+    its ``#mutant``)."""
+    builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
+    return builtin.get(origin, target.split("#", 1)[0])
+
+
+def cold_report_seconds(to_report: float, target: str, startups: dict[str, float | None]) -> float | None:
+    """``to_report`` plus the start-up of a fresh process for ``target`` (measured once per target, kept
+    in ``startups``); None when the start-up could not be measured."""
+    if target not in startups:
+        startups[target] = cold_start_seconds(target)
+    up = startups[target]
+    return None if up is None else up + to_report
+
+
 def warm_up(target: str) -> None:
     """What ``kvspec fuzz --target TARGET`` does before its first example."""
     if target == "vllm-scheduler":

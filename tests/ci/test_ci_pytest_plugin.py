@@ -110,3 +110,10 @@ def test_without_the_option_nothing_is_added(tmp_path):
     (tmp_path / "test_team.py").write_text("def test_x():\n    pass\n")
     r = pytest_run(tmp_path, "test_team.py")
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout
+
+
+def test_a_family_the_target_models_nothing_of_is_skipped_not_passed(tmp_path):
+    """The example declines every config with prefix caching on: its ``full`` test checked nothing."""
+    r = pytest_run(tmp_path, "-rs", "--kvspec-target", "examples.my_manager:make_target", "--kvspec-family", "full")
+    assert r.returncode == 0 and "1 skipped" in r.stdout and "passed" not in r.stdout, r.stdout
+    assert "models no config of family full: TinyManager has no prefix cache" in r.stdout

@@ -1,9 +1,10 @@
 """Many workers, one database: two fuzz processes share Hypothesis' ``RedisExampleDatabase`` behind a
-real ``redis-server`` (loopback, a free port, no persistence), and a failure one finds is replayed
+real ``redis-server`` (loopback, a free port, no persistence: docs/ci.md's recipe), and a failure one finds is replayed
 first by the other (which runs the ``replay`` profile: no generation, only the stored examples)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -11,10 +12,13 @@ import time
 
 import pytest
 from ci_helpers import kvspec
+from user_repo import redis_recipe
 
 REDIS = shutil.which("redis-server")
 pytestmark = [
-    pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (ci/test installs it with apt-get)"),
+    pytest.mark.skipif(
+        REDIS is None, reason="redis-server is not installed (docs/ci.md; ci/test installs it with apt-get)"
+    ),
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
 pytest.importorskip("redis", reason="the redis client is not installed (ci/requirements.txt)")
@@ -22,18 +26,21 @@ pytest.importorskip("redis", reason="the redis client is not installed (ci/requi
 
 @pytest.fixture
 def redis_url(tmp_path):
+    """A server started and stopped by docs/ci.md's recipe (``user_repo.redis_recipe``), on a free port."""
+    import redis
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert REDIS is not None
-    proc = subprocess.Popen(
-        [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        import redis
+    start, url, stop = redis_recipe()
+    env = {**os.environ, "REDIS_PORT": str(port)}
 
+    def sh(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=30)
+
+    started = sh(start)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
         client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
         for _ in range(100):
             try:
@@ -44,10 +51,9 @@ def redis_url(tmp_path):
         else:
             pytest.fail("redis-server did not start")
         client.close()
-        yield f"redis://127.0.0.1:{port}"
+        yield sh(f'{url}; echo "$KVSPEC_REDIS_URL"').stdout.strip()
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        assert sh(stop).returncode == 0
 
 
 BUG = ("--target", "mutant:hits_not_touched", "--family", "full", "--shrink-seconds", "2")

@@ -154,3 +154,70 @@ def test_gitlab_nightly_commands_run_and_report_a_bug(tmp_path):
     assert run_block(collect, proj, "mutant:hits_not_touched").returncode == 0
     added = sorted(p.name for p in (proj / "corpus").glob("kvspec-*.json"))
     assert len(added) == 1, added
+
+
+# --- install, pip cache and permissions, as the templates render them --------------------------------
+
+INSTALL_KVSPEC = 'python -m pip install "kvspec @ git+$KVSPEC_GIT@$KVSPEC_REF"'
+INSTALL_TORCH = 'python -m pip install --index-url "$KVSPEC_TORCH_INDEX" torch'
+# What each action the GitHub workflow uses needs of the job's token (a job's ``permissions:`` replaces
+# the workflow's; a scope left out is none).
+NEEDS = {
+    "actions/checkout": {"contents": "read"},
+    "mikepenz/action-junit-report": {"checks": "write"},
+    "peter-evans/create-pull-request": {"contents": "write", "pull-requests": "write"},
+}
+LEVEL = {"none": 0, "read": 1, "write": 2}
+
+
+def install_lines(lines: list[str]) -> list[str]:
+    """The pip lines of a job's install step, in order."""
+    return [line.strip() for line in lines if "pip install" in line]
+
+
+def test_github_jobs_install_kvspec_from_its_pinned_commit_with_cpu_torch_and_a_pip_cache():
+    doc = yaml.safe_load(GITHUB.read_text())
+    assert doc["env"]["KVSPEC_TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    for job in ("pull-request", "nightly"):
+        steps = doc["jobs"][job]["steps"]
+        (setup,) = [s for s in steps if s.get("uses", "").startswith("actions/setup-python@")]
+        assert setup["with"]["cache"] == "pip", job
+        assert ".github/workflows/kvspec.yml" in setup["with"]["cache-dependency-path"].split(), job  # the pin
+        (install,) = [s["run"] for s in steps if "pip install" in s.get("run", "")]
+        lines = install_lines(install.splitlines())
+        # CPU torch first, so kvspec's torch requirement is met without a CUDA build; never `pip install kvspec`.
+        assert lines == [INSTALL_TORCH, INSTALL_KVSPEC, "python -m pip install -e ."], (job, lines)
+
+
+def test_gitlab_jobs_install_kvspec_from_its_pinned_commit_with_cpu_torch_and_a_pip_cache():
+    doc = yaml.safe_load(GITLAB.read_text())
+    base = doc[".kvspec"]
+    assert install_lines(base["before_script"]) == [INSTALL_TORCH, INSTALL_KVSPEC, "python -m pip install -e ."]
+    assert doc["variables"]["PIP_CACHE_DIR"] == "$CI_PROJECT_DIR/.cache/pip"
+    (pip_cache,) = [c for c in base["cache"] if ".cache/pip" in c["paths"]]
+    assert "$KVSPEC_REF" in pip_cache["key"]  # a new pin, a new cache
+    for job in ("kvspec:merge-request", "kvspec:nightly"):
+        assert doc[job]["extends"] == ".kvspec"
+
+
+def test_github_jobs_grant_what_their_actions_need_and_no_more():
+    doc = yaml.safe_load(GITHUB.read_text())
+    assert doc["permissions"] == {"contents": "read"}, "the workflow's default token: read only"
+    for name, job in doc["jobs"].items():
+        granted = job.get("permissions", doc["permissions"])
+        needed: dict[str, str] = {}
+        for step in job["steps"]:
+            action = step.get("uses", "").split("@")[0]
+            for scope, level in NEEDS.get(action, {}).items():
+                if LEVEL[level] > LEVEL[needed.get(scope, "none")]:
+                    needed[scope] = level
+        for scope, level in needed.items():
+            assert LEVEL[granted.get(scope, "none")] >= LEVEL[level], (name, scope, granted)
+        assert set(granted) <= set(needed) | {"contents"}, (name, granted, needed)
+
+
+def test_the_templates_install_line_is_the_one_the_user_repo_test_runs():
+    """docs/ci.md's install line, run as written by tests/ci/test_ci_user_repo.py, is the templates'."""
+    from user_repo import documented_commands
+
+    assert INSTALL_KVSPEC in [c.line for c in documented_commands()]
