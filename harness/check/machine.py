@@ -64,9 +64,7 @@ class RunStats:
     poll: Callable[[], None] | None = None  # called before every operation; raises to stop (a signal came)
 
 
-def _record_finding(
-    stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig
-) -> None:
+def _record_finding(stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig) -> None:
     """Keep ``finding`` as the latest (what Hypothesis' final replay of the shrunk example leaves) and,
     when no longer than the best so far, as the best; the first one caps shrinking (``_cap_shrinking``)."""
     first = stats.finding is None
@@ -280,6 +278,7 @@ class KVMachine(RuleBasedStateMachine):
             self.stats.known.update(self.ls.known_hits)
             for bug_id, (finding, steps) in self.ls.known_first.items():
                 self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
+
 
 def make_machine(
     family: str,

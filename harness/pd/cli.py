@@ -2,6 +2,9 @@
 
 - ``kvspec pd check [--design D,...] [--target spec|vllm] [--seconds N] [--scenarios]``: fuzz the
   protocols against their safety rules (exit 0 nothing found, 1 a violation, 2 bad usage);
+- ``kvspec pd verify [--design D,...] [--requests N] [--decoders N] [--blocks K] [--loss N] [--dup N]
+  [--crash N] [--out FILE]``: the exhaustive model check (``harness.pd.mc``; exit 0 every rule
+  holds, 1 a counterexample, 2 bad usage);
 - ``kvspec pd simulate [--out docs/figures] [--requests N] [--measure|--no-measure]``: measure the
   manager calls on real vLLM (when installed), run the simulation sweep and draw every figure
   (exit 0, or 2 on bad usage).
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 from harness.pd.check import EXIT_OK, EXIT_USAGE, add_check_arguments, check_main
+from harness.pd.mc.cli import add_verify_arguments, verify_main
 
 COSTS_FILE = "pd-manager-costs.json"
 RESULTS_FILE = "pd-sim-results.json"
@@ -28,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     add_check_arguments(sub.add_parser("check", help="fuzz the protocols against their safety rules"))
+    add_verify_arguments(sub.add_parser("verify", help="exhaustive model check within stated bounds"))
     s = sub.add_parser("simulate", help="measure, simulate and draw the figures")
     s.add_argument("--out", default="docs/figures", help="folder for the PNGs and the JSON results")
     s.add_argument("--requests", type=int, default=2000, help="requests per simulated point")
@@ -53,6 +58,8 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
     if args.command == "check":
         return check_main(args)
+    if args.command == "verify":
+        return verify_main(args)
     return simulate_main(args)
 
 
