@@ -108,8 +108,8 @@ def test_slo_metrics_and_published_shapes():
     rng = random.Random(5)
     prompts, outputs = zip(*(sample_lengths(rng, w) for _ in range(4000)))
     assert abs(statistics.median(prompts) / 1020 - 1) < 0.08 and abs(statistics.median(outputs) / 129 - 1) < 0.08
-    light = run_point(WORKLOADS["conv-decode-bound"], "baseline", 0.3, 300, 1, COSTS)
-    heavy = run_point(WORKLOADS["conv-decode-bound"], "baseline", 1.1, 300, 1, COSTS)
+    light = run_point(WORKLOADS["conv-decode-bound"], "baseline", 0.3, 1000, 1, COSTS)
+    heavy = run_point(WORKLOADS["conv-decode-bound"], "baseline", 1.1, 1000, 1, COSTS)
     assert light.slo_attainment > heavy.slo_attainment and 5 < light.tpot_ms < 50
 
 

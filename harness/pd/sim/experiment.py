@@ -56,7 +56,7 @@ WORKLOADS = {
         "conv-decode-bound",
         num_prefill=2,
         num_decode=1,
-        d_kv_fraction=0.03,
+        d_kv_fraction=0.16,
         medians=(1020, 129),
         **_CONV,  # type: ignore[arg-type]
     ),
