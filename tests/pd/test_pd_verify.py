@@ -56,6 +56,19 @@ def test_search_matches_brute_force_on_passing_designs(name):
     assert reduced.states == len({sym.canonical(s) for s in seen}) < len(seen)
 
 
+def test_brute_force_catches_an_unsound_renaming(monkeypatch):
+    """The deliberate bug for the comparison above: a renaming that forgets to rename P's revoke
+    tombstones merges states that differ, and the counts no longer match."""
+    from harness.pd.mc import state as st
+
+    design, bounds = MC_DESIGNS["proposal"], Bounds(requests=1, decoders=2, blocks=1, loss=0, dup=0, crash=1)
+    seen, _, _ = brute_force(design, bounds)
+    good = st._remap_req
+    monkeypatch.setattr(st, "_remap_req", lambda q, dmap: good(q, dmap)._replace(ptomb=q.ptomb))
+    broken = explore(design, bounds)
+    assert broken.states != len({Symmetry(1, 2).canonical(s) for s in seen})
+
+
 @pytest.mark.parametrize("name", ["as-written", "vllm-push", "vllm-push-timed", "bug:no-revoke-resend"])
 def test_search_matches_brute_force_on_failing_designs(name):
     design = resolve_mc_design(name)
