@@ -13,7 +13,8 @@ and a discrete-event simulation of what pre-allocation buys.  Read in this order
   (delivery, ticks, failures, drain);
 - ``invariants``: the named safety rules;
 - ``machine`` / ``check``: the state machine and ``kvspec pd check``;
-- ``sim``: ``kvspec pd simulate`` (docs/pd-preallocation.md).
+- ``sim``: ``kvspec pd simulate`` (docs/pd-preallocation.md);
+- ``mc``: ``kvspec pd verify``, the exhaustive model check of the same ``Design`` decisions.
 
 Imports: harness.core, harness.targets, harness.check, harness.run, spec.
 """

@@ -2,6 +2,9 @@
 
 - ``kvspec pd check [--design D,...] [--target spec|vllm] [--seconds N] [--scenarios]``: fuzz the
   protocols against their safety rules (exit 0 nothing found, 1 a violation, 2 bad usage);
+- ``kvspec pd verify [--design D,...] [--requests N] [--decoders N] [--blocks K] [--loss N] [--dup N]
+  [--crash N] [--out FILE]``: the exhaustive model check (``harness.pd.mc``; exit 0 every rule
+  holds, 1 a counterexample, 2 bad usage);
 - ``kvspec pd simulate [--out docs/figures] [--requests N] [--measure|--no-measure]``: measure the
   manager calls on real vLLM (when installed), run the simulation sweep and draw every figure
   (exit 0, or 2 on bad usage).
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 from harness.pd.check import EXIT_OK, EXIT_USAGE, add_check_arguments, check_main
+from harness.pd.mc.cli import add_verify_arguments, verify_main
 
 COSTS_FILE = "pd-manager-costs.json"
 RESULTS_FILE = "pd-sim-results.json"
@@ -28,11 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     add_check_arguments(sub.add_parser("check", help="fuzz the protocols against their safety rules"))
+    add_verify_arguments(sub.add_parser("verify", help="exhaustive model check within stated bounds"))
     s = sub.add_parser("simulate", help="measure, simulate and draw the figures")
     s.add_argument("--out", default="docs/figures", help="folder for the PNGs and the JSON results")
-    s.add_argument("--requests", type=int, default=2000, help="requests per simulated point")
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--workloads", default="chat,long,long-tight")
+    s.add_argument("--requests", type=int, default=1000, help="requests per simulated point")
+    s.add_argument("--seed", type=int, default=1, help="the first seed")
+    s.add_argument("--seeds", type=int, default=10, help="seeds per point (95%% intervals need at least 2)")
+    s.add_argument("--quick", action="store_true", help="a small sweep (2 seeds, 300 requests, 2 loads, 2 workloads)")
+    s.add_argument("--workloads", default=None, help="comma-separated workloads (default: the published set)")
     s.add_argument("--loads", default=None, help="comma-separated loads (fraction of prefill capacity)")
     s.add_argument(
         "--measure",
@@ -53,6 +60,8 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
     if args.command == "check":
         return check_main(args)
+    if args.command == "verify":
+        return verify_main(args)
     return simulate_main(args)
 
 
@@ -62,20 +71,26 @@ def _say(msg: str) -> None:
 
 def simulate_main(args: argparse.Namespace) -> int:
     from harness.pd.sim import inputs as X
-    from harness.pd.sim.experiment import LOADS, WORKLOADS, sweep, to_json
+    from harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS, sweep, to_json
     from harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
+    from harness.pd.sim.stats import aggregate, render_table
 
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.quick:
+        args.seeds, args.requests = 2, 300
+        args.loads = args.loads or "0.6,1.0"
+        args.workloads = args.workloads or "chat,conv-decode-bound"
+    names = ",".join(DEFAULT_WORKLOADS) if args.workloads is None else args.workloads
+    workloads = [w.strip() for w in names.split(",") if w.strip()]
     try:
         loads = LOADS if args.loads is None else tuple(float(x) for x in args.loads.split(","))
     except ValueError:
         print(f"kvspec pd simulate: --loads must be numbers, got {args.loads!r}", file=sys.stderr)
         return EXIT_USAGE
     bad = [w for w in workloads if w not in WORKLOADS]
-    if bad or args.requests < 10 or not loads or min(loads) <= 0:
+    if bad or args.requests < 10 or not loads or min(loads) <= 0 or args.seeds < 1:
         print(
             f"kvspec pd simulate: bad usage (workloads {bad} unknown; "
-            f"known {list(WORKLOADS)}; --requests >= 10; loads > 0)",
+            f"known {list(WORKLOADS)}; --requests >= 10; --seeds >= 1; loads > 0)",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -97,14 +112,19 @@ def simulate_main(args: argparse.Namespace) -> int:
     costs = X.ManagerCosts(read_costs(costs_path) if costs_path.exists() else None)
     if not costs.table:
         _say("no measured manager costs (vLLM not installed, none stored): they count as 0")
-    points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say)
-    results = {"requests": args.requests, "seed": args.seed, "loads": list(loads), "points": to_json(points)}
+    points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say, seeds=args.seeds)
+    summaries = aggregate(points)
+    results = {
+        "requests": args.requests,
+        "seeds": list(range(args.seed, args.seed + args.seeds)),
+        "loads": list(loads),
+        "summaries": [{**s.__dict__, "stats": {k: list(v) for k, v in s.stats.items()}} for s in summaries],
+        "points": to_json(points),
+    }
     tmp = out / (RESULTS_FILE + ".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     tmp.replace(out / RESULTS_FILE)
-    from harness.pd.sim.experiment import render_results_table
-
-    (out / "pd-sim-table.md").write_text(render_results_table(points), encoding="utf-8")
+    (out / "pd-sim-table.md").write_text(render_table(summaries), encoding="utf-8")
     written = [out / RESULTS_FILE, out / "pd-sim-table.md"]
     if not args.no_figures:
         from harness.pd.sim.figures import draw_all

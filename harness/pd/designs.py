@@ -113,11 +113,12 @@ BUGS = {
 }
 
 
-def resolve_design(name: str) -> Design:
-    """``baseline``, ``as-written``, ``proposal`` or ``bug:NAME``; ``ValueError`` names the choices."""
-    if name in DESIGNS:
-        return DESIGNS[name]
-    if name.startswith("bug:") and name[4:] in BUGS:
-        return BUGS[name[4:]].design
-    known = ", ".join(list(DESIGNS) + [f"bug:{b}" for b in BUGS])
+def resolve_design(name: str, designs: dict[str, Design] = DESIGNS, bugs: dict[str, Bug] = BUGS) -> Design:
+    """A design of ``designs`` (``baseline``, ``as-written``, ``proposal``) or ``bug:NAME`` of
+    ``bugs``; ``ValueError`` names the choices."""
+    if name in designs:
+        return designs[name]
+    if name.startswith("bug:") and name[4:] in bugs:
+        return bugs[name[4:]].design
+    known = ", ".join(list(designs) + [f"bug:{b}" for b in bugs])
     raise ValueError(f"unknown design {name!r} (known: {known})")

@@ -75,6 +75,12 @@ class Design:
     producer_delayed_free: bool = True  # pull: P keeps finished KV until D read it (or the hold ends)
     # --- router ----------------------------------------------------------------------------
     cancel_on_abort: bool = True  # an abort cancels every reservation the request holds
+    # --- decisions only the exhaustive search (``harness.pd.mc``) models -------------------
+    timeout_releases: bool = True  # a reservation's time-out starts its release (vLLM 0.33 push: a soft watchdog)
+    revoke: bool = True  # a cancelled reservation is revoked at P (vLLM 0.33: freed on P's completion notice)
+    resend_revoke: bool = True  # D resends an unanswered Revoke (messages may be lost)
+    hold_outlives_transfers: bool = True  # P's hold on its KV never expires while a transfer reads it
+    fence_restarted_d: bool = True  # a restarted D's memory is a new registration: old writes cannot land
 
     @property
     def is_push(self) -> bool:

@@ -192,8 +192,8 @@ def check_computed_blocks(out: Any, num_groups: int, num_blocks: int) -> None:
     """``GetComputedBlocks``: ``{"block_ids": [[int, ...] per group], "num_hit_tokens": int}``."""
     _container(out, dict, "outcome", "a dict")
     _keys(out, "outcome", frozenset({"block_ids", "num_hit_tokens"}))
-    _block_lists(out["block_ids"], 'outcome.block_ids', num_groups, num_blocks)
-    _int(out["num_hit_tokens"], 'outcome.num_hit_tokens')
+    _block_lists(out["block_ids"], "outcome.block_ids", num_groups, num_blocks)
+    _int(out["num_hit_tokens"], "outcome.num_hit_tokens")
 
 
 def check_allocate_slots(out: Any, num_groups: int, num_blocks: int) -> None:
@@ -202,7 +202,7 @@ def check_allocate_slots(out: Any, num_groups: int, num_blocks: int) -> None:
         return
     _container(out, dict, "outcome", "None or a dict")
     _keys(out, "outcome", frozenset({"block_ids"}))
-    _block_lists(out["block_ids"], 'outcome.block_ids', num_groups, num_blocks)
+    _block_lists(out["block_ids"], "outcome.block_ids", num_groups, num_blocks)
 
 
 def check_reset_prefix_cache(out: Any, num_groups: int, num_blocks: int) -> None:
@@ -220,20 +220,20 @@ def check_take_events(out: Any, num_groups: int, num_blocks: int) -> None:
         kind = e.get("type")
         keys = _EVENT_KEYS.get(kind) if type(kind) is str else None
         if keys is None:
-            _bad(f'{where}.type', f"one of {sorted(_EVENT_KEYS)}", e.get("type"))
+            _bad(f"{where}.type", f"one of {sorted(_EVENT_KEYS)}", e.get("type"))
         _keys(e, where, keys)
         if "group_id" in keys:
-            _int(e["group_id"], f'{where}.group_id', 0, num_groups)
+            _int(e["group_id"], f"{where}.group_id", 0, num_groups)
         if "block_hashes" in keys:
-            _container(e["block_hashes"], list, f'{where}.block_hashes', "a list of hex strings")
+            _container(e["block_hashes"], list, f"{where}.block_hashes", "a list of hex strings")
             for j, h in enumerate(e["block_hashes"]):
-                _hex(h, f'{where}.block_hashes[{j}]')
+                _hex(h, f"{where}.block_hashes[{j}]")
         if "token_ids" in keys:
             if e["parent_block_hash"] is not None:
-                _hex(e["parent_block_hash"], f'{where}.parent_block_hash')
-            _container(e["token_ids"], list, f'{where}.token_ids', "a list of ints")
-            _elements(e["token_ids"], f'{where}.token_ids', INT)
-            _int(e["block_size"], f'{where}.block_size', 1)
+                _hex(e["parent_block_hash"], f"{where}.parent_block_hash")
+            _container(e["token_ids"], list, f"{where}.token_ids", "a list of ints")
+            _elements(e["token_ids"], f"{where}.token_ids", INT)
+            _int(e["block_size"], f"{where}.block_size", 1)
 
 
 def check_none(out: Any, num_groups: int, num_blocks: int) -> None:

@@ -47,7 +47,6 @@ def str_of(max_chars: int, min_chars: int = 0) -> Parser:
     return lambda v, w: want_str(v, w, max_chars, min_chars)
 
 
-
 # --- free-form JSON, outcomes, observations ------------------------------------------------------
 
 

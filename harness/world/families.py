@@ -31,6 +31,7 @@ from spec.types import BlockCount, TokenCount
 
 StrategyFn = TypeVar("StrategyFn", bound=Callable[..., Any])  # an st.composite function
 
+
 @dataclass(frozen=True)
 class Family:
     """A named family: ``strategy()`` draws its configs; ``features`` are the workload features it

@@ -298,11 +298,7 @@ class Workload:
             table = sched.transfers.table(rid) if sched.transfers.table is not None else ()
             lead = next((i for i, b in enumerate(table) if b), len(table))
             last = -(-r.num_computed_tokens // bs) - 1
-            if (
-                sched.cfg.single_group
-                and lead <= last
-                and ch.boolean("invalid_blocks?")
-            ):
+            if sched.cfg.single_group and lead <= last and ch.boolean("invalid_blocks?"):
                 valid = min(bs * ch.integer(lead, max(lead, last), "first_invalid"), r.num_computed_tokens)
         self.counts["kv_arrives" if ok else "kv_load_failed"] += 1
         sched.kv_arrives(rid, ok, valid)

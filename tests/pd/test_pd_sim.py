@@ -57,6 +57,8 @@ def test_simulate_command(tmp_path):
             "--no-figures",
             "--requests",
             "40",
+            "--seeds",
+            "3",
             "--loads",
             "0.5",
             "--workloads",
@@ -66,10 +68,14 @@ def test_simulate_command(tmp_path):
         ]
     )
     assert rc == 0
-    points = json.loads((tmp_path / "pd-sim-results.json").read_text())["points"]
-    assert sorted(p["protocol"] for p in points) == sorted(PROTOCOLS)
+    results = json.loads((tmp_path / "pd-sim-results.json").read_text())
+    points = results["points"]
+    assert sorted(p["protocol"] for p in points) == sorted(PROTOCOLS * 3)
+    assert {p["seed"] for p in points} == {1, 2, 3} and len(results["summaries"]) == len(PROTOCOLS)
+    assert " ± " in (tmp_path / "pd-sim-table.md").read_text()
     assert main(["pd", "simulate", "--workloads", "nope", "--out", str(tmp_path)]) == 2
     assert main(["pd", "simulate", "--loads", "x", "--out", str(tmp_path)]) == 2
+    assert main(["pd", "simulate", "--seeds", "0", "--out", str(tmp_path)]) == 2
 
 
 def test_figures(tmp_path):
@@ -77,7 +83,34 @@ def test_figures(tmp_path):
     from harness.pd.sim.figures import draw_all
 
     points = [run_point(WORKLOADS["chat"], p, load, 30, 1, COSTS) for p in PROTOCOLS for load in (0.3, 0.6)]
-    assert {p.name for p in draw_all(points, tmp_path)} == {"pd-ttft.png", "pd-held.png"}
+    assert {p.name for p in draw_all(points, tmp_path)} == {"pd-ttft.png", "pd-slo.png", "pd-held.png"}
+
+
+def test_interval_is_students_t():
+    """Known values: n = 10 samples 0..9: mean 4.5, sd 3.0277, t(9) = 2.262 -> half-width 2.166."""
+    from harness.pd.sim.stats import interval
+
+    mean, hw = interval([float(x) for x in range(10)])
+    assert mean == 4.5 and abs(hw - 2.262 * 3.0276503540974917 / 10**0.5) < 1e-9
+    assert interval([3.0]) == (3.0, 0.0)
+    assert interval([1.0, float("nan"), 3.0])[0] == 2.0
+
+
+def test_slo_metrics_and_published_shapes():
+    """TPOT is per output token after the first; goodput falls once the decode-bound workload's D
+    runs out of blocks; lognormal lengths keep their published medians."""
+    import random
+    import statistics
+
+    from harness.pd.sim.inputs import sample_lengths
+
+    w = WORKLOADS["splitwise-conv"]
+    rng = random.Random(5)
+    prompts, outputs = zip(*(sample_lengths(rng, w) for _ in range(4000)))
+    assert abs(statistics.median(prompts) / 1020 - 1) < 0.08 and abs(statistics.median(outputs) / 129 - 1) < 0.08
+    light = run_point(WORKLOADS["conv-decode-bound"], "baseline", 0.3, 1000, 1, COSTS)
+    heavy = run_point(WORKLOADS["conv-decode-bound"], "baseline", 1.1, 1000, 1, COSTS)
+    assert light.slo_attainment > heavy.slo_attainment and 5 < light.tpot_ms < 50
 
 
 def test_check_command_exit_codes(tmp_path):

@@ -8,6 +8,8 @@ and drain); throughput counts decoded tokens per second over the arrival span.
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,12 +18,51 @@ from typing import Any
 from harness.pd.sim import inputs as X
 from harness.pd.sim.model import PROTOCOLS, Protocol, Req, Simulation, Workload
 
+_CONV = dict(shape="lognormal", prompt=(16, 8192), output=(1, 1024), sigmas=(1.0, 0.8))
 WORKLOADS = {
     "chat": Workload("chat", (512, 2048), (128, 384), num_prefill=1, num_decode=1),
-    "long": Workload("long", (4096, 12288), (128, 384), num_prefill=2, num_decode=1),
-    "long-tight": Workload("long-tight", (4096, 12288), (128, 384), num_prefill=2, num_decode=1, d_kv_fraction=0.4),
+    "long": Workload("long", (4096, 12288), (128, 384), num_prefill=2, num_decode=1, slo=(5.0, 0.1)),
+    "long-tight": Workload(
+        "long-tight", (4096, 12288), (128, 384), num_prefill=2, num_decode=1, d_kv_fraction=0.4, slo=(5.0, 0.1)
+    ),
+    "splitwise-conv": Workload(
+        "splitwise-conv",
+        num_prefill=1,
+        num_decode=1,
+        medians=(1020, 129),
+        **_CONV,  # type: ignore[arg-type]
+    ),
+    "splitwise-code": Workload(
+        "splitwise-code",
+        num_prefill=1,
+        num_decode=1,
+        medians=(1500, 13),
+        **_CONV,  # type: ignore[arg-type]
+    ),
+    "mooncake": Workload(
+        "mooncake",
+        (64, 32768),
+        (1, 1024),
+        num_prefill=2,
+        num_decode=1,
+        shape="lognormal",
+        medians=(7590 / math.exp(0.5), 182 / math.exp(0.32)),
+        sigmas=(1.0, 0.8),
+        slo=(5.0, 0.1),
+    ),
+    # decode-bound: the conversation shape on 2 P : 1 D with a small share of D's KV memory, so
+    # D's blocks (not the prefill side) run out first
+    "conv-decode-bound": Workload(
+        "conv-decode-bound",
+        num_prefill=2,
+        num_decode=1,
+        d_kv_fraction=0.16,
+        medians=(1020, 129),
+        **_CONV,  # type: ignore[arg-type]
+    ),
 }
-LOADS = (0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2)
+LOADS = (0.3, 0.6, 0.9, 1.0, 1.1)
+DEFAULT_WORKLOADS = ("chat", "long-tight", "splitwise-conv", "splitwise-code", "mooncake", "conv-decode-bound")
 
 
 @dataclass(frozen=True)
@@ -37,11 +78,16 @@ class Point:
     held_waiting_for_p_frac: float  # the part of it spent before P's prefill ended
     preemptions: int
     finished: int
+    seed: int = 1
+    tpot_ms: float = float("nan")  # mean time per output token after the first
+    slo_attainment: float = float("nan")  # share of requests meeting both SLOs
+    goodput_rps: float = float("nan")  # requests per second meeting both SLOs (DistServe)
 
 
 def get_prefill_capacity(w: Workload) -> float:
-    """Requests per second the prefill side can serve (mean prompt)."""
-    mean = sum(X.get_prefill_seconds(n) for n in range(w.prompt[0], w.prompt[1] + 1)) / (w.prompt[1] - w.prompt[0] + 1)
+    """Requests per second the prefill side can serve (mean prefill time of 4000 sampled prompts)."""
+    rng = random.Random(0)
+    mean = statistics.fmean(X.get_prefill_seconds(X.sample_lengths(rng, w)[0]) for _ in range(4000))
     return w.num_prefill / mean
 
 
@@ -69,6 +115,17 @@ def summarise(w: Workload, protocol: str, load: float, rate: float, sim: Simulat
             c = min(max(r.prefill_end, a), b)
             waiting += r.blocks_remote * (c - a)
     cap = sim.capacity * len(sim.decoders) * span
+    tpots = {
+        r.rid: (r.done - r.first_token) / (r.output - 1) for r in window if r.done and r.first_token and r.output > 1
+    }
+    met = [
+        r
+        for r in window
+        if r.first_token is not None
+        and r.first_token - r.arrival <= w.slo[0]
+        and r.done is not None
+        and tpots.get(r.rid, 0.0) <= w.slo[1]
+    ]
     return Point(
         w.name,
         protocol,
@@ -81,6 +138,10 @@ def summarise(w: Workload, protocol: str, load: float, rate: float, sim: Simulat
         waiting / cap,
         sum(r.preemptions for r in reqs),
         sum(1 for r in reqs if r.done is not None),
+        sim.seed,
+        1e3 * statistics.fmean(tpots.values()) if tpots else float("nan"),
+        len(met) / len(window) if window else float("nan"),
+        len(met) / (hi - lo) if hi > lo else float("nan"),
     )
 
 
@@ -99,53 +160,29 @@ def sweep(
     seed: int,
     costs: X.ManagerCosts,
     progress: Callable[[str], None] | None = None,
+    seeds: int = 1,
 ) -> list[Point]:
+    """Every workload x load x protocol, for seeds ``seed .. seed + seeds - 1``."""
     out = []
-    total = len(workloads) * len(loads) * len(PROTOCOLS)
+    total = len(workloads) * len(loads) * len(PROTOCOLS) * seeds
     for name in workloads:
         w = WORKLOADS[name]
         for load in loads:
             for protocol in PROTOCOLS:
-                out.append(run_point(w, protocol, load, num_requests, seed, costs))
+                for k in range(seeds):
+                    out.append(run_point(w, protocol, load, num_requests, seed + k, costs))
                 if progress is not None:
                     p = out[-1]
                     progress(
-                        f"[{len(out)}/{total}] {name} load {load:.2f} {protocol}: TTFT p50 {p.ttft_p50_ms:.0f} ms, p99 "
-                        f"{p.ttft_p99_ms:.0f} ms, {p.throughput_tok_s:.0f} tok/s, "
-                        f"held {p.held_idle_frac:.1%}, {p.preemptions} preemptions"
+                        f"[{len(out)}/{total}] {name} load {load:.2f} {protocol} ({seeds} seeds; last): TTFT p50 "
+                        f"{p.ttft_p50_ms:.0f} ms, p99 {p.ttft_p99_ms:.0f} ms, TPOT {p.tpot_ms:.1f} ms, "
+                        f"SLO met {p.slo_attainment:.0%}, held {p.held_idle_frac:.1%}"
                     )
     return out
 
 
 def to_json(points: list[Point]) -> list[dict[str, Any]]:
     return [asdict(p) for p in points]
-
-
-def median_gain(points: list[Point], workload: str, protocol: str, metric: str, loads: tuple[float, float]) -> float:
-    """Median over the loads in ``loads`` of baseline minus ``protocol`` for ``metric``."""
-    base = {p.load: getattr(p, metric) for p in points if p.workload == workload and p.protocol == "baseline"}
-    other = {p.load: getattr(p, metric) for p in points if p.workload == workload and p.protocol == protocol}
-    diffs = [base[k] - other[k] for k in base if k in other and loads[0] <= k <= loads[1]]
-    return statistics.median(diffs) if diffs else float("nan")
-
-
-def render_results_table(points: list[Point], loads: tuple[float, ...] = (0.2, 0.6, 0.9, 1.0, 1.1)) -> str:
-    """The results as a Markdown table (docs/pd-preallocation.md embeds it)."""
-    rows = [
-        "| workload | load | baseline | push | push-layerwise | "
-        "push-jit | held: push / jit | preemptions: base / push / jit |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    by = {(p.workload, p.load, p.protocol): p for p in points}
-    for w in dict.fromkeys(p.workload for p in points):
-        for load in loads:
-            if (w, load, "baseline") not in by:
-                continue
-            cells = [f"{by[w, load, pr].ttft_p50_ms:.0f} / {by[w, load, pr].ttft_p99_ms:.0f}" for pr in PROTOCOLS]
-            held = f"{by[w, load, 'push'].held_idle_frac:.1%} / {by[w, load, 'push-jit'].held_idle_frac:.1%}"
-            pre = " / ".join(str(by[w, load, pr].preemptions) for pr in ("baseline", "push", "push-jit"))
-            rows.append(f"| {w} | {load:.1f} | " + " | ".join(cells) + f" | {held} | {pre} |")
-    return "\n".join(rows) + "\n"
 
 
 def render_assumptions_table() -> str:

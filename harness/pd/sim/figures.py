@@ -1,4 +1,5 @@
-"""The figures of docs/pd-preallocation.md (matplotlib, PNG), from the sweep's points."""
+"""The figures of docs/pd-preallocation.md (matplotlib, PNG): each point is the mean over the
+seeds, each error bar its 95% confidence interval (``stats``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from harness.pd.sim.experiment import Point
 from harness.pd.sim.model import PROTOCOLS
+from harness.pd.sim.stats import Summary, aggregate
 
 STYLE = {
     "baseline": dict(color="black", marker="o", label="baseline (vLLM 0.33: allocate after prefill, pull)"),
@@ -14,16 +16,29 @@ STYLE = {
     "push-jit": dict(color="tab:orange", marker="v", label="proposal, reserve when the prefill starts"),
 }
 
+PANELS = {
+    "pd-ttft.png": (
+        "Time to first token against load (mean over seeds, 95% CI)",
+        (("ttft_p50_ms", "TTFT p50 (ms)", 1.0, True), ("ttft_p99_ms", "TTFT p99 (ms)", 1.0, True)),
+    ),
+    "pd-slo.png": (
+        "Time per output token and SLO attainment (mean over seeds, 95% CI)",
+        (("tpot_ms", "TPOT (ms)", 1.0, False), ("slo_attainment", "requests meeting both SLOs (%)", 100.0, False)),
+    ),
+    "pd-held.png": (
+        "Decode KV capacity held by reservations not yet decoding (mean over seeds, 95% CI)",
+        (("held_idle_frac", "D's KV blocks held idle (% of capacity)", 100.0, False),),
+    ),
+}
 
-def _series(points: list[Point], workload: str, protocol: str, metric: str) -> tuple[list[float], list[float]]:
-    pts = sorted((p for p in points if p.workload == workload and p.protocol == protocol), key=lambda p: p.load)
-    return [p.load for p in pts], [getattr(p, metric) for p in pts]
 
-
-def _saved(points: list[Point], workload: str, protocol: str, metric: str) -> tuple[list[float], list[float]]:
-    xs, base = _series(points, workload, "baseline", metric)
-    _, ys = _series(points, workload, protocol, metric)
-    return xs, [b - y for b, y in zip(base, ys)]
+def _series(s: list[Summary], workload: str, protocol: str, metric: str, scale: float) -> tuple[list[float], ...]:
+    pts = sorted((x for x in s if x.workload == workload and x.protocol == protocol), key=lambda x: x.load)
+    return (
+        [x.load for x in pts],
+        [x.stats[metric][0] * scale for x in pts],
+        [x.stats[metric][1] * scale for x in pts],
+    )
 
 
 def draw_all(points: list[Point], folder: Path) -> list[Path]:
@@ -33,50 +48,29 @@ def draw_all(points: list[Point], folder: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
+    summaries = aggregate(points)
     workloads = list(dict.fromkeys(p.workload for p in points))
     written = []
-
-    def save(fig: object, name: str) -> None:
+    for name, (title, rows) in PANELS.items():
+        fig, axes = plt.subplots(
+            len(rows), len(workloads), figsize=(4.2 * len(workloads), 3.8 * len(rows)), squeeze=False
+        )
+        for c, w in enumerate(workloads):
+            for r, (metric, label, scale, log) in enumerate(rows):
+                ax = axes[r][c]
+                for proto in PROTOCOLS:
+                    xs, ys, es = _series(summaries, w, proto, metric, scale)
+                    ax.errorbar(xs, ys, yerr=es, capsize=2, ms=4, lw=1, **STYLE[proto])
+                if log:
+                    ax.set_yscale("log")
+                ax.set_ylabel(label)
+                ax.set_xlabel("load (fraction of prefill capacity)")
+                ax.grid(alpha=0.3)
+            axes[0][c].set_title(w)
+        axes[0][0].legend(fontsize=6, loc="upper left")
+        fig.suptitle(title)
         path = folder / name
-        fig.savefig(path, dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
-        plt.close(fig)  # type: ignore[arg-type]
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
         written.append(path)
-
-    fig, axes = plt.subplots(3, len(workloads), figsize=(5 * len(workloads), 11), squeeze=False)
-    for c, w in enumerate(workloads):
-        for proto in PROTOCOLS:
-            axes[0][c].plot(*_series(points, w, proto, "ttft_p50_ms"), **STYLE[proto])
-            axes[1][c].plot(*_series(points, w, proto, "ttft_p99_ms"), **STYLE[proto])
-            if proto != "baseline":
-                axes[2][c].plot(*_saved(points, w, proto, "ttft_p50_ms"), **STYLE[proto])
-        axes[0][c].set_title(w)
-        axes[0][c].set_yscale("log")
-        axes[1][c].set_yscale("log")
-        axes[0][c].set_ylabel("TTFT p50 (ms)")
-        axes[1][c].set_ylabel("TTFT p99 (ms)")
-        axes[2][c].set_ylabel("TTFT p50 saved vs baseline (ms)")
-        axes[2][c].axhline(0, color="grey", lw=0.8)
-        for r in range(3):
-            axes[r][c].set_xlabel("load (fraction of prefill capacity)")
-            axes[r][c].grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Time to first token against load")
-    save(fig, "pd-ttft.png")
-
-    fig, axes = plt.subplots(2, len(workloads), figsize=(5 * len(workloads), 7.5), squeeze=False)
-    for c, w in enumerate(workloads):
-        for proto in PROTOCOLS:
-            xs, ys = _series(points, w, proto, "held_idle_frac")
-            axes[0][c].plot(xs, [100 * y for y in ys], **STYLE[proto])
-            xs, ys = _series(points, w, proto, "throughput_tok_s")
-            axes[1][c].plot(xs, ys, **STYLE[proto])
-        axes[0][c].set_title(w)
-        axes[0][c].set_ylabel("D's KV blocks held idle (% of capacity)")
-        axes[1][c].set_ylabel("decode throughput (tokens/s)")
-        for r in range(2):
-            axes[r][c].set_xlabel("load (fraction of prefill capacity)")
-            axes[r][c].grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Decode capacity held by reservations and loads, and throughput")
-    save(fig, "pd-held.png")
     return written

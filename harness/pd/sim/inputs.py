@@ -102,10 +102,24 @@ ASSUMPTIONS = (
     ),
     Assumption("arrivals", "Poisson", "vllm bench serve --request-rate with the default burstiness 1.0"),
     Assumption(
-        "lengths",
+        "lengths (synthetic)",
         "chat: prompt U[512, 2048], output U[128, 384], 1 P : 1 D; "
         "long: prompt U[4096, 12288], output U[128, 384], 2 P : 1 D",
         "our choice, shaped like vllm bench serve's random dataset with a range ratio",
+    ),
+    Assumption(
+        "lengths (published shapes)",
+        "lognormal, clamped: splitwise-conv prompt median 1020, output median 129; splitwise-code prompt "
+        "median 1500, output median 13; mooncake prompt mean 7590, output mean 182 (sigma 1.0 prompt, "
+        "0.8 output: medians mean/exp(sigma^2/2))",
+        "medians/means as published for the Azure LLM inference traces (Splitwise, ISCA'24) and Kimi's "
+        "trace (Mooncake, FAST'25); the lognormal form and the sigmas are our assumption (the traces "
+        "cannot be fetched here)",
+    ),
+    Assumption(
+        "SLOs (goodput)",
+        "TTFT <= 1 s and TPOT <= 50 ms (chat, splitwise-*); TTFT <= 5 s and TPOT <= 100 ms (long, mooncake)",
+        "our choice; goodput as in DistServe (OSDI'24): requests per second that meet both objectives",
     ),
     Assumption(
         "prefill instances",
@@ -113,6 +127,17 @@ ASSUMPTIONS = (
         "simplification",
     ),
 )
+
+
+def sample_lengths(rng: Any, w: Any) -> tuple[int, int]:
+    """One request's prompt and output lengths for workload ``w`` (``sim.model.Workload``)."""
+    if w.shape == "uniform":
+        return rng.randint(*w.prompt), rng.randint(*w.output)
+    assert w.shape == "lognormal", f"unknown length shape {w.shape!r}"
+    out = []
+    for median, sigma, (lo, hi) in zip(w.medians, w.sigmas, (w.prompt, w.output)):
+        out.append(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
+    return out[0], out[1]
 
 
 def get_prefill_seconds(prompt: int) -> float:

@@ -41,6 +41,10 @@ class Workload:
     num_prefill: int
     num_decode: int
     d_kv_fraction: float = 1.0  # share of an H200 decode instance's KV memory the cluster gives D
+    shape: str = "uniform"  # "uniform" over the ranges, or "lognormal" (medians, clamped to the ranges)
+    medians: tuple[float, float] = (0.0, 0.0)  # lognormal: prompt and output medians (tokens)
+    sigmas: tuple[float, float] = (1.0, 1.0)  # lognormal: sigma of log(prompt), log(output)
+    slo: tuple[float, float] = (1.0, 0.05)  # TTFT and TPOT objectives (seconds) for goodput
 
 
 @dataclass
@@ -101,11 +105,12 @@ class Simulation:
         self.capacity = d_blocks
         self.reqs: list[Req] = []
         self.next_d = 0
+        self.seed = seed
         rng = random.Random(seed)
         t = 0.0
         for rid in range(num_requests):
             t += rng.expovariate(rate)
-            r = Req(rid, t, rng.randint(*workload.prompt), rng.randint(*workload.output))
+            r = Req(rid, t, *X.sample_lengths(rng, workload))
             self.reqs.append(r)
             self.at(t, "arrive", r)
         self.tokens_out: list[float] = []  # time of every decoded token (for throughput)

@@ -1,0 +1,107 @@
+"""``kvspec pd verify``: run the exhaustive search for one or more designs and report.
+
+Exit 0: the search completed and every safety and liveness rule holds for every design named;
+1: a rule fails (the shortest counterexample is printed, and written as JSON to ``--out``) or the
+search hit ``--max-states`` before completing; 2: bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.pd.mc.designs import resolve_mc_design
+from harness.pd.mc.model import SAFETY, Bounds
+from harness.pd.mc.search import LIVENESS, Result, explore
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    d = Bounds()
+    p.add_argument("--design", default="proposal", help="comma-separated designs (or bug:NAME)")
+    p.add_argument("--requests", type=int, default=d.requests, help="requests (each arrives once)")
+    p.add_argument("--decoders", type=int, default=d.decoders, help="decode instances")
+    p.add_argument("--blocks", type=int, default=d.blocks, help="blocks per decode instance (one per reservation)")
+    p.add_argument("--loss", type=int, default=d.loss, help="control messages that may be lost")
+    p.add_argument("--dup", type=int, default=d.dup, help="control messages that may be duplicated")
+    p.add_argument("--crash", type=int, default=d.crash, help="instance crashes (P or a D)")
+    p.add_argument("--no-symmetry", action="store_true", help="explore every renaming (brute force)")
+    p.add_argument("--max-states", type=int, default=5_000_000, help="give up (exit 1) past this many states")
+    p.add_argument("--out", default=None, help="write the results (and counterexamples) here as JSON")
+
+
+def _say(msg: str) -> None:
+    print(f"kvspec pd verify: {msg}", flush=True)
+
+
+def describe_bounds(b: Bounds) -> str:
+    return (
+        f"{b.requests} request(s), {b.decoders} decode instance(s) with {b.blocks} block(s) each, "
+        f"up to {b.loss} lost and {b.dup} duplicated control message(s), {b.crash} crash(es) of P or a D; "
+        "messages delivered in any order, transfers may fail, time-outs may fire at any moment"
+    )
+
+
+def verify_main(args: argparse.Namespace) -> int:
+    try:
+        designs = [resolve_mc_design(n.strip()) for n in args.design.split(",") if n.strip()]
+        bounds = Bounds(args.requests, args.decoders, args.blocks, args.loss, args.dup, args.crash)
+        if not designs or min(bounds.requests, bounds.decoders, bounds.blocks) < 1:
+            raise ValueError("--requests, --decoders and --blocks must be at least 1, and --design non-empty")
+        if min(bounds.loss, bounds.dup, bounds.crash) < 0 or args.max_states < 1:
+            raise ValueError("--loss, --dup and --crash must be at least 0, --max-states at least 1")
+    except ValueError as e:
+        print(f"kvspec pd verify: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    _say(f"bounds: {describe_bounds(bounds)}")
+    _say("symmetry: " + ("off (every renaming)" if args.no_symmetry else "requests and decode instances renamed"))
+    results = []
+    for g in designs:
+        _say(f"design {g.name}: searching ...")
+        r = explore(g, bounds, symmetry=not args.no_symmetry, max_states=args.max_states)
+        results.append(r)
+        report(r)
+    if args.out:
+        write_json(Path(args.out), [to_json(r) for r in results])
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FOUND
+
+
+def report(r: Result) -> None:
+    done = "search completed" if r.completed else "search stopped at --max-states (incomplete)"
+    _say(f"design {r.design}: {r.states} states, {r.transitions} transitions, {r.seconds:.1f}s; {done}")
+    if r.rule is None and r.completed:
+        rules = ", ".join(list(SAFETY) + list(LIVENESS))
+        _say(f"design {r.design}: every rule holds ({rules})")
+    elif r.rule is not None:
+        _say(f"design {r.design}: VIOLATION of {r.rule}: {r.message}")
+        _say(f"shortest counterexample ({len(r.trace)} steps):")
+        for k, label in enumerate(r.trace, 1):
+            print(f"  {k:3d}. {label}", flush=True)
+
+
+def to_json(r: Result) -> dict[str, Any]:
+    b = r.bounds
+    return {
+        "design": r.design,
+        "bounds": {k: getattr(b, k) for k in ("requests", "decoders", "blocks", "loss", "dup", "crash")},
+        "states": r.states,
+        "transitions": r.transitions,
+        "completed": r.completed,
+        "seconds": round(r.seconds, 2),
+        "rule": r.rule,
+        "message": r.message,
+        "counterexample": r.trace,
+    }
+
+
+def write_json(path: Path, data: object) -> None:
+    """Atomically: a reader sees the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)

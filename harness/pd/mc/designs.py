@@ -1,0 +1,86 @@
+"""What the search checks: the fuzzed designs, vLLM's real baselines, and the deliberate bugs.
+
+``VLLM_PUSH`` and ``VLLM_PULL`` are what vLLM 0.33.0 and 0.34.0 do (their NIXL connector's push
+and pull modes and the scheduler's free path; the two releases agree on every decision below,
+docs/pd-preallocation.md §vLLM's baseline): the decode side registers its blocks with P as soon
+as it allocated them, even before P finished (P keeps early registrations); a request aborted
+while waiting for remote KV has its free delayed until the transfer reports done; D's push
+watchdog only drops the pending registration (it frees nothing); P's hold on finished KV is a
+lease that D's heartbeats extend, and it frees the KV when it runs out even if a transfer is
+still reading it; nothing fences a failed P.
+
+``MC_BUGS`` are the bugs of ``designs.BUGS`` that the abstract model can express, plus one for
+each fault kind the fuzz does not inject (loss, restart, an expiring lease).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL, Bug, resolve_design
+from harness.pd.types import Design
+
+VLLM_PUSH = replace(
+    PROPOSAL,
+    name="vllm-push",
+    timeout_releases=False,
+    revoke=False,
+    fence_on_peer_failure=False,
+    hold_outlives_transfers=False,
+)
+VLLM_PULL = replace(BASELINE, name="vllm-pull", fence_on_peer_failure=False, hold_outlives_transfers=False)
+
+# The same, with the lease assumed long enough to outlive every transfer (what timing buys).
+VLLM_PUSH_TIMED = replace(VLLM_PUSH, name="vllm-push-timed", hold_outlives_transfers=True)
+VLLM_PULL_TIMED = replace(VLLM_PULL, name="vllm-pull-timed", hold_outlives_transfers=True)
+
+MC_DESIGNS = {
+    d.name: d for d in (BASELINE, AS_WRITTEN, PROPOSAL, VLLM_PUSH, VLLM_PULL, VLLM_PUSH_TIMED, VLLM_PULL_TIMED)
+}
+
+_NEW = (
+    Bug(
+        "no-revoke-resend",
+        PROPOSAL,
+        {"resend_revoke": False},
+        "reservation_released_or_used",
+        "D sends its Revoke once: if it or the acknowledgement is lost, the reservation is held forever",
+    ),
+    Bug(
+        "hold-expires-while-writing",
+        PROPOSAL,
+        {"hold_outlives_transfers": False},
+        "transfer_source_held",
+        "P's hold on its KV expires on a timer, writes in flight or not (vLLM 0.33's lease): "
+        "a write reads freed blocks",
+    ),
+    Bug(
+        "restart-keeps-registration",
+        PROPOSAL,
+        {"fence_restarted_d": False},
+        "write_lands_in_held_block",
+        "a restarted D keeps the old memory registration: a write meant for its previous life lands in a reused block",
+    ),
+    Bug(
+        "pull-frees-while-reading",
+        BASELINE,
+        {"defer_free_while_loading": False},
+        "write_lands_in_held_block",
+        "pull: D frees an aborted request's blocks while its reads are in flight (vLLM delays that free)",
+    ),
+)
+# The fuzz's bugs, but one: ``no-cancel-on-abort`` is no bug here, as P's abort acknowledges
+# the registered D (an amendment the search found needed: a D restart loses the Cancel's tombstone).
+MC_BUGS = {b.name: b for b in (*BUGS.values(), *_NEW) if b.name != "no-cancel-on-abort"}
+MC_BUG_RULE = {"no-fence": "write_lands_in_held_block"}
+"""Where the search finds a worse failure first: without the fence, the restarted P's answer to a
+registration is taken for the failed one's, and an old write lands in a released block."""
+
+
+def expected_rule(bug: Bug) -> str:
+    return MC_BUG_RULE.get(bug.name, bug.invariant)
+
+
+def resolve_mc_design(name: str) -> Design:
+    """A design of ``MC_DESIGNS`` or ``bug:NAME`` of ``MC_BUGS``; ``ValueError`` names the choices."""
+    return resolve_design(name, MC_DESIGNS, MC_BUGS)

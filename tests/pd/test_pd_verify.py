@@ -1,0 +1,123 @@
+"""``kvspec pd verify``: the exhaustive search against a plain brute force, its verdicts on every
+design and deliberate bug, and the command's output and exit codes."""
+
+import json
+from collections import deque
+
+import pytest
+
+from harness.pd.cli import main
+from harness.pd.mc.designs import MC_BUGS, MC_DESIGNS, expected_rule, resolve_mc_design
+from harness.pd.mc.model import Bounds
+from harness.pd.mc.moves import successors
+from harness.pd.mc.search import explore, is_goal
+from harness.pd.mc.state import Symmetry, init_state
+
+SMALL = Bounds(requests=1, decoders=1, blocks=1, loss=1, dup=0, crash=1)
+
+
+def brute_force(design, bounds):
+    """Every reachable state, no renaming, no shared code with the search but the moves: the
+    set of states, the first violation's rule, and whether every state can reach a goal state
+    by protocol moves and time-outs (the liveness rule, by plain fixpoint iteration)."""
+    start = init_state(bounds.requests, bounds.decoders)
+    seen, todo, edges, rule = {start}, deque([start]), {}, None
+    while todo:
+        s = todo.popleft()
+        edges[s] = []
+        for step in successors(s, design, bounds):
+            if step.violation is not None and rule is None:
+                rule = step.violation[0]
+            if step.kind != "fault":
+                edges[s].append(step.state)
+            if step.state not in seen:
+                seen.add(step.state)
+                todo.append(step.state)
+    live = {s for s in seen if is_goal(s)}
+    changed = True
+    while changed:
+        changed = False
+        for s in seen - live:
+            if any(t in live for t in edges[s]):
+                live.add(s)
+                changed = True
+    return seen, rule, live == seen
+
+
+@pytest.mark.parametrize("name", ["proposal", "baseline", "vllm-pull-timed"])
+def test_search_matches_brute_force_on_passing_designs(name):
+    design = MC_DESIGNS[name]
+    bounds = Bounds(requests=1, decoders=2, blocks=1, loss=0, dup=0, crash=1)
+    seen, rule, live = brute_force(design, bounds)
+    assert rule is None and live
+    reduced = explore(design, bounds)
+    sym = Symmetry(bounds.requests, bounds.decoders)
+    assert reduced.ok
+    assert reduced.states == len({sym.canonical(s) for s in seen}) < len(seen)
+
+
+def test_brute_force_catches_an_unsound_renaming(monkeypatch):
+    """The deliberate bug for the comparison above: a renaming that forgets to rename P's revoke
+    tombstones merges states that differ, and the counts no longer match."""
+    from harness.pd.mc import state as st
+
+    design, bounds = MC_DESIGNS["proposal"], Bounds(requests=1, decoders=2, blocks=1, loss=0, dup=0, crash=1)
+    seen, _, _ = brute_force(design, bounds)
+    good = st._remap_req
+    monkeypatch.setattr(st, "_remap_req", lambda q, dmap: good(q, dmap)._replace(ptomb=q.ptomb))
+    broken = explore(design, bounds)
+    assert broken.states != len({Symmetry(1, 2).canonical(s) for s in seen})
+
+
+@pytest.mark.parametrize("name", ["as-written", "vllm-push", "vllm-push-timed", "bug:no-revoke-resend"])
+def test_search_matches_brute_force_on_failing_designs(name):
+    design = resolve_mc_design(name)
+    seen, rule, live = brute_force(design, SMALL)
+    brute = rule or ("reservation_released_or_used" if not live else None)
+    found = explore(design, SMALL)
+    assert found.completed and found.rule is not None and found.rule == brute
+    assert explore(design, SMALL, symmetry=False).rule == found.rule
+
+
+def test_counterexample_is_shortest_and_replays():
+    """As written, D frees on its watchdog while the write flies: 7 steps, none fewer."""
+    r = explore(MC_DESIGNS["as-written"], Bounds())
+    assert r.rule == "write_lands_in_held_block"
+    assert r.trace[-1].startswith("deliver Write(r0@D") and any("watchdog" in t for t in r.trace)
+    assert len(r.trace) == 7 == len(explore(MC_DESIGNS["as-written"], Bounds(), symmetry=False).trace)
+
+
+@pytest.mark.parametrize("name", sorted(MC_BUGS))
+def test_every_bug_fails_its_rule(name):
+    bug = MC_BUGS[name]
+    bounds = Bounds(requests=1, decoders=1, blocks=1, loss=1, dup=1, crash=1)
+    r = explore(bug.design, bounds)
+    assert r.completed and r.rule == expected_rule(bug), (r.rule, r.trace)
+
+
+def test_verify_cli_exit_codes_and_report(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    flags = ["--requests", "1", "--decoders", "1", "--loss", "0", "--dup", "0"]
+    assert main(["verify", "--design", "proposal,baseline", *flags, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bounds: 1 request(s)" in text and text.count("search completed") == 2 and "every rule holds" in text
+    assert [d["rule"] for d in json.loads(out.read_text())] == [None, None]
+    assert main(["verify", "--design", "as-written", *flags, "--out", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "VIOLATION of write_lands_in_held_block" in text and "shortest counterexample" in text
+    report = json.loads(out.read_text())[0]
+    assert report["rule"] == "write_lands_in_held_block" and report["counterexample"]
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert main(["verify", "--design", "nope"]) == 2
+    assert main(["verify", "--blocks", "0"]) == 2
+    assert main(["verify", "--max-states", "10", "--requests", "1"]) == 1
+    assert "incomplete" in capsys.readouterr().out
+
+
+@pytest.mark.full
+def test_default_bounds_reach_100k_states_and_every_verdict():
+    r = explore(MC_DESIGNS["proposal"], Bounds())
+    assert r.ok and r.states >= 100_000
+    assert explore(MC_DESIGNS["as-written"], Bounds()).rule == "write_lands_in_held_block"
+    for bug in MC_BUGS.values():
+        assert explore(bug.design, Bounds()).rule == expected_rule(bug)
