@@ -21,12 +21,14 @@ import os
 import traceback
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, NoReturn, TypeVar
 
 from harness.check.finding import Finding, FindingError
 from harness.check.guard import Call, guarded_call, malformed
 from harness.check.memory_guard import MemoryGuard, bound_from_env
 from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
+from harness.check.unchanged import LastInputs
 from harness.check.witness import Step, outcome_blocks, state_finding
 from harness.core import ops as O
 from harness.core.equality import ObsDiff, get_relation, observation_differences, outcome_difference
@@ -104,7 +106,7 @@ class Lockstep:
         self.incremental = (
             self.full_every > 1 and self.ref is not None and self.relation.compare_observations and has_glimpse(target)
         )
-        self.since_full = 0
+        self.since_full, self.last_state_check = 0, LastInputs()
         self.tgt_obs_is_spec = False  # tgt_obs is the spec's observation (glimpsed steps)
 
     # --- setup ---------------------------------------------------------------------------------
@@ -363,13 +365,10 @@ class Lockstep:
             self.event_log.extend(self.ref.last_call[3])
         evicted = self.ctx.evicted_ever or isinstance(op, O.EvictBlocks)
         violations = []
-        if state:
-            violations = check_invariants(
-                self.ref.state,
-                self.ref.requests,  # type: ignore[arg-type]  # str ids are RequestIds
-                evict_called=evicted,
-                event_log=self.event_log if self.config.enable_kv_cache_events else None,
-            )
+        if state:  # not again on the very inputs of the last passed check (harness.check.unchanged)
+            ref, log = self.ref, self.event_log if self.config.enable_kv_cache_events else None
+            check = partial(check_invariants, ref.state, ref.requests, evict_called=evicted, event_log=log)  # type: ignore[arg-type]
+            violations = self.last_state_check.run(check, ref.state, ref.requests, evicted, len(self.event_log))
         if self.ref.last_call is not None:
             before, name, args, outcome, request = self.ref.last_call
             violations += check_step(StepContext(before, self.ref.state, name, args, outcome, request, evicted))
