@@ -68,6 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger/; on by default)")
     f.add_argument(
+        "--no-agreement",
+        action="store_true",
+        help="--target vllm-scheduler: do not compare kvspec's scheduler model with the real one (on by default)",
+    )
+    f.add_argument(
+        "--no-world-checks",
+        action="store_true",
+        help="--target vllm-scheduler: turn the world's facts in the ledger and conservation off (on by default)",
+    )
+    f.add_argument(
         "--db",
         default=None,
         help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)",

@@ -395,13 +395,21 @@ class PassiveVllmTarget(VllmTarget):
         return tuple(request.block_hashes[:n])
 
 
+FULL_CHECK_EVERY = 1 << 20
+"""Operations between full checks within an engine step (never reached: ``LockstepSink.finish`` runs one
+at every engine step's end)."""
+
+
 class LockstepSink:
     """Mirrors every operation into a ``Lockstep`` (spec beside the passive real manager)."""
 
     def __init__(self, config: KVCacheConfig, manager: Any, relation: str = "exact") -> None:
         self.target = PassiveVllmTarget(manager)
-        self.lockstep = Lockstep(config, self.target, relation, step_timeout=None)
+        # Glimpses after each operation, the whole state at each engine step's end (``end_of_step``).
+        self.lockstep = Lockstep(config, self.target, relation, step_timeout=None, full_check_every=FULL_CHECK_EVERY)
         self.lockstep.start()
+        self.world: Any = None  # harness.vllm_sched.world_checks.WorldChecks, told each request operation
+        self.phase, self.calls = "world", list[tuple[str, O.Op]]()  # manager calls by phase (the agreement)
 
     @property
     def done(self) -> bool:
@@ -410,14 +418,21 @@ class LockstepSink:
     def request_op(self, op: O.Op, request: Any) -> None:
         self.target.expect(None, None, request)
         self.lockstep.apply(op)
+        if self.world is not None:
+            self.world.appended(op)
 
     def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None:
         self.target.expect(outcome, error)
+        self.calls.append((self.phase, op))
         self.lockstep.apply(op)
 
     def finish(self) -> None:
-        """The end of the run: a full check if the last operations were glimpsed (``harness.core.glimpse``)."""
+        """The end of an engine step or of the run: a full check of the whole state if operations
+        were glimpsed since the last one (``harness.core.glimpse``)."""
         self.lockstep.finish()
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
 
     @property
     def steps(self) -> list[tuple[O.Op, Any]]:
