@@ -89,12 +89,15 @@ def _hit_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _get_local_prefix_cache_hit
 
 
-def _sampled_token_changed(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _last_token_changed(orig: Callable[..., Any]) -> Callable[..., Any]:
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
-        sampled = model_runner_output.sampled_token_ids
-        for tokens in sampled:  # the bonus token read off by one (never into the stop token)
-            if tokens and tokens[-1] not in (6, 7):
-                tokens[-1] += 1
+        out = model_runner_output
+        for rid, tokens in zip(out.req_ids, out.sampled_token_ids, strict=False):
+            request = self.requests.get(rid)
+            if request is None or not tokens or tokens[-1] in (6, 7):
+                continue
+            if len(request.output_token_ids) + len(tokens) >= request.sampling_params.max_tokens:
+                tokens[-1] += 1  # the last token of a request ending on max_tokens read off by one
         return orig(self, scheduler_output, model_runner_output)
 
     return update_from_output
@@ -186,11 +189,11 @@ MUTANTS: dict[str, Mutant] = by_name(
             _hit_off_by_one,
         ),
         _scheduler_mutant(
-            "sampled_token_changed",
+            "last_token_changed",
             "full",
-            "the scheduler appends a token the model runner did not sample (the bonus token off by one)",
+            "a request ending on max_tokens gets a last token the model runner did not sample",
             "update_from_output",
-            _sampled_token_changed,
+            _last_token_changed,
             "world-facts",
         ),
         _scheduler_mutant(

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 from harness.core import ops as O
 from harness.vllm_sched.build import SchedKnobs, build_scheduler
-from harness.vllm_sched.driver import SCHED_FAMILIES, Driver, WorldStep, draw_config, draw_knobs
-from harness.vllm_sched.mirror import Call, ModelMirror
+from harness.vllm_sched.driver import SCHED_FAMILIES, Driver, draw_config, draw_knobs
+from harness.vllm_sched.mirror import Call, ModelMirror, WorldStep
 from harness.vllm_sched.proxy import install
 from harness.world.workload import SeededChoices
 from spec.config import KVCacheConfig

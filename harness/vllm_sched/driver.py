@@ -24,7 +24,9 @@ from typing import Any
 
 from harness.check.finding import Finding, FindingError
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
-from harness.vllm_sched.proxy import LockstepSink, install
+from harness.vllm_sched.mirror import ModelMirror, WorldStep
+from harness.vllm_sched.proxy import install
+from harness.vllm_sched.sink import LockstepSink
 from harness.vllm_sched.world_checks import MAX_LOAD_STEPS, WorldChecks
 from harness.world.choices import Choices
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
@@ -86,22 +88,6 @@ def draw_knobs(ch: Choices, config: KVCacheConfig, family: str) -> SchedKnobs:
         if family == "connector"
         else "recompute",
     )
-
-
-@dataclass
-class WorldStep:
-    """What the world did in one engine step (recorded when a ``Driver`` is asked to): the inputs
-    kvspec's scheduler model is given to replay the step (``harness.vllm_sched.agreement``)."""
-
-    arrivals: list[tuple[str, tuple[int, ...], dict[str, Any] | None]] = field(default_factory=list)
-    abort: str | None = None
-    reset: bool = False
-    sampled: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (accepted drafts, bonus token)
-    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> drafts proposed after the step
-    loads_done: list[str] = field(default_factory=list)  # async loads reported finished, as vLLM walks them
-    load_invalid: dict[str, int] = field(default_factory=dict)  # rid -> table index of its invalid block
-    sync_failed: str | None = None  # the synchronous load reported bad this step
-    kept: dict[str, int] = field(default_factory=dict)  # rid -> sampled tokens its request kept (a stop drops the rest)
 
 
 @dataclass
@@ -350,7 +336,6 @@ def run_one(
     each engine step: a signal came) or the first finding.  The world's checks
     (``harness.vllm_sched.world_checks``: ``world_facts``, ``conservation``) and, with ``agreement``, kvspec's scheduler
     model beside the real one (``harness.vllm_sched.mirror``) run after every engine step."""
-    from harness.vllm_sched.mirror import ModelMirror
 
     sched, spec_config = build_scheduler(config, knobs)
     res = RunResult(spec_config, knobs, relation=relation)

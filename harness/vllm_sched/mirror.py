@@ -25,19 +25,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from harness.core import ops as O
 from harness.core.ops_json import op_to_json
 from harness.targets.spec import SpecTarget
 from harness.vllm_sched.build import SchedKnobs
-from harness.vllm_sched.driver import WorldStep
 from harness.world.records import SchedConfig
 from harness.world.scheduler import Scheduler
 from spec.config import KVCacheConfig
 
 T = TypeVar("T")
+
+
+@dataclass
+class WorldStep:
+    """What the world did in one engine step (recorded when a ``Driver`` is asked to): the inputs
+    kvspec's scheduler model is given to replay the step (``harness.vllm_sched.agreement``)."""
+
+    arrivals: list[tuple[str, tuple[int, ...], dict[str, Any] | None]] = field(default_factory=list)
+    abort: str | None = None
+    reset: bool = False
+    sampled: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (accepted drafts, bonus token)
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> drafts proposed after the step
+    loads_done: list[str] = field(default_factory=list)  # async loads reported finished, as vLLM walks them
+    load_invalid: dict[str, int] = field(default_factory=dict)  # rid -> table index of its invalid block
+    sync_failed: str | None = None  # the synchronous load reported bad this step
+    kept: dict[str, int] = field(default_factory=dict)  # rid -> sampled tokens its request kept (a stop drops the rest)
+
 
 MANAGER_OPS = (
     O.GetComputedBlocks,

@@ -31,7 +31,7 @@ from harness.check.finding import Finding, FindingError
 from harness.core import ops as O
 from harness.core.ops_json import op_to_json
 from harness.ledger.world import WorldFacts
-from harness.vllm_sched.proxy import LockstepSink
+from harness.vllm_sched.sink import LockstepSink
 
 MAX_LOAD_STEPS = 8
 """The world (``Driver._connector_output``) reports every asynchronous load finished within this many
