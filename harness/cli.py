@@ -261,8 +261,10 @@ def replay_cmd(args: argparse.Namespace) -> int:
         check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    from harness.vllm_sched.fuzz import handles
+    from harness.vllm_sched.fuzz import handles, recorded_by_scheduler
 
+    if not args.target and recorded_by_scheduler(args.paths):
+        args.target = "vllm-scheduler"  # findings only re-driving the real scheduler reproduces
     if args.target and handles(args.target):
         return _replay_scheduler(args)
     # Every file is read and every target chosen and loaded before anything runs.

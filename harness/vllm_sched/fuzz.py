@@ -83,7 +83,7 @@ def finding_trace(
     return Trace(
         config=res.config,
         steps=list(steps or ()),
-        target_name="vllm",
+        target_name=TARGET_NAME if needs_world(finding) else "vllm",
         target_version=vllm_version(),
         seed=seed,
         family=family,
@@ -137,9 +137,23 @@ def needs_world(finding: Finding) -> bool:
     return finding.kind in ("conservation", "agreement") or finding.witness.get("check") == "world"
 
 
+def recorded_by_scheduler(paths: Sequence[str]) -> bool:
+    """Do the traces under ``paths`` all record ``--target vllm-scheduler`` (a finding that only
+    re-driving the real scheduler reproduces, ``needs_world``)?  False when they cannot be read:
+    ``kvspec replay`` then says why."""
+    from harness.core.strict_json import TraceFormatError
+    from harness.traces.folders import find_traces
+
+    try:
+        found = find_traces(list(paths))
+    except (TraceFormatError, ValueError, OSError):
+        return False
+    return bool(found.traces) and all(t.target_name == TARGET_NAME for _, t in found.traces)
+
+
 def replay_hint(finding: Finding, dest: Path) -> str:
     if needs_world(finding):
-        return f"kvspec replay {dest} --target {TARGET_NAME}   (re-drives the real scheduler)"
+        return f"kvspec replay {dest}   (re-drives the real scheduler: --target {TARGET_NAME})"
     return f"kvspec replay {dest} --target vllm   (or --target spec)"
 
 

@@ -63,6 +63,9 @@ def test_agreement_report_has_both_call_sequences_and_replays(tmp_path: Path) ->
     assert {c["phase"] for c in finding["actual"]} <= {"world", "schedule", "update"}
     assert main(["replay", str(dest), "--target", "mutant:budget_one_short"]) == 1
     assert main(["replay", str(dest), "--target", "vllm-scheduler"]) == 0  # the bug gone, the run agrees
+    assert main(["replay", str(dest)]) == 0  # the recorded target: re-drive the real scheduler, not the ops
+    (test_file,) = dest.glob("test_replay_*.py")
+    assert "replay_scheduler_run" in test_file.read_text()
 
 
 def test_world_facts_gate_connector_writes() -> None:
