@@ -89,3 +89,17 @@ def test_appended_tokens_must_be_sampled() -> None:
     assert facts.appended_problem("a", (4,)) is None  # a stop keeps a prefix
     assert facts.appended_problem("b", (6,)) is not None
     assert facts.appended_problem("c", (1,)) is not None  # nothing sampled for it
+
+
+def test_load_facts_catch_failed_blocks_believed_loaded() -> None:
+    """The connector's failed blocks as ledger facts: a scheduler that ignores them is a kv-ledger
+    finding with the agreement off (it is one for the agreement too), and nothing without the facts."""
+    with patched("invalid_blocks_ignored"):
+        for i in range(RUNS):
+            res = one_run("connector", run_seed(0, i), max_engine_steps=150, agreement=False)
+            if res.finding is not None:
+                break
+        assert res.finding is not None and res.finding.finding.kind == "kv-ledger", "survived"
+        for j in range(i + 1):
+            other = one_run("connector", run_seed(0, j), max_engine_steps=150, agreement=False, world_facts=False)
+            assert other.finding is None, f"run {j}: {other.finding.finding.summary()}"
