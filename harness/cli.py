@@ -81,6 +81,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger/; on by default)")
     f.add_argument(
+        "--no-agreement",
+        action="store_true",
+        help="--target vllm-scheduler: do not compare kvspec's scheduler model with the real one (on by default)",
+    )
+    f.add_argument(
+        "--no-world-checks",
+        action="store_true",
+        help="--target vllm-scheduler: turn the world's facts in the ledger and conservation off (on by default)",
+    )
+    f.add_argument(
         "--db",
         default=None,
         help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)",
@@ -275,8 +285,10 @@ def replay_cmd(args: argparse.Namespace) -> int:
         check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    from harness.vllm_sched.fuzz import handles
+    from harness.vllm_sched.fuzz import handles, recorded_by_scheduler
 
+    if not args.target and recorded_by_scheduler(args.paths):
+        args.target = "vllm-scheduler"  # findings only re-driving the real scheduler reproduces
     if args.target and handles(args.target):
         return _replay_scheduler(args)
     # Every file is read and every target chosen and loaded before anything runs.

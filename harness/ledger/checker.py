@@ -29,6 +29,7 @@ from harness.core.observation import Observation
 from harness.ledger.finding import LedgerFinding, LedgerMismatch, group_sizes
 from harness.ledger.request import Alloc, ScheduledRequest
 from harness.ledger.schedule import KVSchedule, ModelRun, Publication
+from harness.ledger.world import WorldFacts
 from harness.targets.base import Target
 from spec.config import AttentionSpec, KVCacheConfig
 from spec.hashing import HashFeatures, MMFeature
@@ -90,6 +91,7 @@ class LedgerEvents:
         self.step_reads: dict[tuple[int, int], tuple[SlotAccess, LedgerRequest]] = {}
         # publications whose slots are due after the request's model run, with the key they had
         self.promised: dict[str, list[tuple[Publication, bytes | None]]] = {}
+        self.world: WorldFacts | None = None  # the world's load facts, when a driver gives them
 
     # --- KVEvents ---------------------------------------------------------------------------------
 
@@ -109,6 +111,8 @@ class LedgerEvents:
     def fresh(self, r: LedgerRequest, blocks: set[int]) -> None:
         for b in blocks:
             clear_block(self.ledger, BlockId(b))
+        if self.world is not None:
+            self.world.renewed(blocks)
 
     def released(self, candidates: Collection[int] | None) -> None:
         obs = self._obs()
@@ -120,18 +124,24 @@ class LedgerEvents:
                 and b not in obs.secondary_keys
             ):
                 clear_block(self.ledger, BlockId(b))
+                if self.world is not None:
+                    self.world.renewed((b,))
 
-    def load(self, r: LedgerRequest, a: int, b: int) -> None:
-        """The connector writes ``[a, b)`` into the request's real blocks (it never reports nulls)."""
+    def load(self, r: LedgerRequest, a: int, b: int, delayed: bool = False) -> None:
+        """The connector writes ``[a, b)`` into the request's real blocks (it never reports nulls);
+        with the world's facts (``harness.ledger.world``), only what it delivered."""
         if b <= a:
             return
         ids = r.identities(b)
         accesses = [x for x in self._accesses(r, range(a, b), ids, writes=True) if x.block]
+        if self.world is not None:
+            world = self.world
+            accesses = [x for x in accesses if world.is_delivered(r.rid, x.block or 0, delayed)]
         self._write(r, accesses, None)
 
     def run(self, r: LedgerRequest, run: ModelRun) -> None:
         if run.arrival is not None:
-            self.load(r, *run.arrival)
+            self.load(r, *run.arrival, delayed=True)
         ids = r.identities(run.end)
         self._write(r, self._accesses(r, range(run.start, run.end), ids, writes=True), run)
         self._write_encoder(r, run)
@@ -319,6 +329,9 @@ class LedgerChecker:
         if not isinstance(op, STEP_OPS):
             self.events.step_reads.clear()  # the step ended
         self.events.obs, self.events.before = obs, before
+        world = self.events.world
+        if world is not None and isinstance(op, O.AllocateSlots) and op.delay_cache_blocks and out is not None:
+            world.started(op.request_id)
         t = time.perf_counter()
         try:
             self.schedule.apply(op, out, before, obs)
@@ -327,6 +340,18 @@ class LedgerChecker:
         finally:
             self.seconds += time.perf_counter() - t
         return None
+
+    def world_facts(self) -> WorldFacts:
+        """The world's load facts (``harness.ledger.world``), fed by a driver from now on."""
+        if self.events.world is None:
+            events = self.events
+
+            def is_published(b: int) -> bool:
+                obs = events.obs
+                return obs is not None and 0 < b < obs.num_blocks and obs.block_key[b] is not None
+
+            self.events.world = WorldFacts(events.ledger, is_published)
+        return self.events.world
 
     def _finding(self, e: LedgerBroken) -> LedgerFinding:
         v, r, a = e.violation, e.request, e.violation.access

@@ -72,7 +72,7 @@ class KVEvents(Protocol[R]):
 
     def released(self, candidates: Collection[int] | None) -> None: ...
 
-    def load(self, r: R, a: int, b: int) -> None: ...
+    def load(self, r: R, a: int, b: int, delayed: bool = False) -> None: ...
 
     def run(self, r: R, run: ModelRun) -> None: ...
 
@@ -228,7 +228,7 @@ class KVSchedule(Generic[R]):
         a, b = r.pending_ext
         end = min(b, upto)
         if end > a:
-            self.events.load(r, a, end)
+            self.events.load(r, a, end, delayed=True)
         r.pending_ext = (end, b) if end < b else None
 
     def _publish(self, r: R, before: Observation | None, promised_end: int) -> None:

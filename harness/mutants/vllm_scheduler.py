@@ -89,9 +89,59 @@ def _hit_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _get_local_prefix_cache_hit
 
 
-def _scheduler_mutant(name: str, family: str, doc: str, attr: str, wrap: Wrap) -> Mutant:
-    """A mutant of ``Scheduler.attr``; ``family`` is a driver family (``harness.vllm_sched.driver``)."""
-    return Mutant(name, "vllm-scheduler", doc, family, ("exact",), None, Patch(SCHEDULER, attr, wrap))
+def _last_token_changed(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        out = model_runner_output
+        for rid, tokens in zip(out.req_ids, out.sampled_token_ids, strict=False):
+            request = self.requests.get(rid)
+            if request is None or not tokens or tokens[-1] in (6, 7):
+                continue
+            if len(request.output_token_ids) + len(tokens) >= request.sampling_params.max_tokens:
+                tokens[-1] += 1  # the last token of a request ending on max_tokens read off by one
+        return orig(self, scheduler_output, model_runner_output)
+
+    return update_from_output
+
+
+def _aborted_load_forgotten(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def finish_requests(self: Any, request_ids: Any, finished_status: Any) -> Any:
+        ids = (request_ids,) if isinstance(request_ids, str) else request_ids
+        aborting = finished_status.name == "FINISHED_ABORTED"  # an abort from outside, not a failed load
+        loading = aborting and [
+            r
+            for r in (self.requests.get(i) for i in (ids if ids is not None else list(self.requests)))
+            if r is not None and r.status.name == "WAITING_FOR_REMOTE_KVS"
+        ]
+        out = orig(self, request_ids, finished_status)
+        for request in loading or ():  # the load's end is never awaited: its blocks are never freed
+            self.requests.pop(request.request_id, None)
+        return out
+
+    return finish_requests
+
+
+def _invalid_blocks_ignored(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _handle_invalid_blocks(self: Any, invalid_block_ids: Any, num_scheduled_tokens: Any) -> set[str]:
+        return set()  # the connector's report of failed blocks believed away: their tokens stay computed
+
+    return _handle_invalid_blocks
+
+
+def _budget_one_short(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.max_num_scheduled_tokens -= 1  # a step schedules one token fewer than its budget
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens += 1
+
+    return schedule
+
+
+def _scheduler_mutant(name: str, family: str, doc: str, attr: str, wrap: Wrap, intended: str | None = None) -> Mutant:
+    """A mutant of ``Scheduler.attr``; ``family`` is a driver family (``harness.vllm_sched.driver``);
+    ``intended``: the one check written to catch it (``ONLY_BY``), when only that one does."""
+    return Mutant(name, "vllm-scheduler", doc, family, ("exact",), intended, Patch(SCHEDULER, attr, wrap))
 
 
 MUTANTS: dict[str, Mutant] = by_name(
@@ -138,8 +188,42 @@ MUTANTS: dict[str, Mutant] = by_name(
             "_get_local_prefix_cache_hit",
             _hit_off_by_one,
         ),
+        _scheduler_mutant(
+            "last_token_changed",
+            "full",
+            "a request ending on max_tokens gets a last token the model runner did not sample",
+            "update_from_output",
+            _last_token_changed,
+            "world-facts",
+        ),
+        _scheduler_mutant(
+            "aborted_load_forgotten",
+            "connector",
+            "a request aborted while its KV load is in flight is dropped, its blocks never freed",
+            "finish_requests",
+            _aborted_load_forgotten,
+            "conservation",
+        ),
+        _scheduler_mutant(
+            "invalid_blocks_ignored",
+            "connector",
+            "the blocks a connector reports failed stay counted as loaded",
+            "_handle_invalid_blocks",
+            _invalid_blocks_ignored,
+        ),
+        _scheduler_mutant(
+            "budget_one_short",
+            "full",
+            "each step schedules one token fewer than the token budget allows",
+            "schedule",
+            _budget_one_short,
+            "agreement",
+        ),
     )
 )
+"""The checks of ``kvspec fuzz --target vllm-scheduler`` that a mutant's ``intended`` names: each
+catches its mutants alone (tests/vllm_sched/test_world_checks.py runs them with that check off)."""
+ONLY_BY = ("world-facts", "conservation", "agreement")
 
 
 def patched(name: str) -> AbstractContextManager[None]:

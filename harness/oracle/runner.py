@@ -74,7 +74,7 @@ class ModelRunner:
     def released(self, candidates: Collection[int] | None) -> None:
         self.poison_released()  # scans every written block: a buggy target may release any of them
 
-    def load(self, r: OracleRequest, a: int, b: int) -> None:
+    def load(self, r: OracleRequest, a: int, b: int, delayed: bool = False) -> None:
         self._load_external(r, a, b)
 
     def run(self, r: OracleRequest, run: ModelRun) -> None:

@@ -56,6 +56,8 @@ class FuzzOptions:
     kv_check: bool = False  # the KV-content oracle around the target (harness.oracle)
     strict_known: bool = False  # known target bugs fail the run too
     no_ledger: bool = False  # the KV ledger off
+    no_agreement: bool = False  # vllm-scheduler: kvspec's scheduler model not compared (harness.vllm_sched.mirror)
+    no_world_checks: bool = False  # vllm-scheduler: the world's facts and conservation off (world_checks)
     db: str | None = None  # the example database (default $KVSPEC_DB, else the profile's)
     workers: int = 1  # processes on the one database (harness.run.workers)
     junit_xml: str | None = None  # also write JUnit XML here

@@ -45,6 +45,29 @@ def test_replay_{ident}() -> None:
 '''
 
 
+SCHEDULER_REPLAY_TEST = '''"""Replays {name} by re-driving vLLM's real scheduler from its recorded run:
+fails while the finding it records is still there."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.traces.trace import read_trace
+
+TRACE = Path(__file__).with_name("trace.json")
+
+
+def test_replay_{ident}() -> None:
+    pytest.importorskip("vllm", reason="re-drives vLLM's real scheduler")
+    from harness.vllm_sched.fuzz import replay_scheduler_run
+
+    result = replay_scheduler_run(read_trace(TRACE), str(TRACE))
+    assert result.ok, result.message
+'''
+"""The replay test of a finding only the real scheduler's run reproduces (recorded target
+``vllm-scheduler``: harness.vllm_sched.fuzz.needs_world)."""
+
+
 def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> Path:
     """Write the report folder for ``trace`` under ``out_dir``; return its path.  The folder gets the
     usual permissions (0777, files 0666, minus the umask: a CI uploader running as another user can
@@ -61,8 +84,9 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
     try:
         (tmp / "trace.json").write_text(dumps_trace(trace), encoding="utf-8")
         ident = "".join(c if c.isalnum() else "_" for c in dest.name)
+        template = SCHEDULER_REPLAY_TEST if trace.target_name == "vllm-scheduler" else REPLAY_TEST
         (tmp / f"test_replay_{ident}.py").write_text(
-            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
+            template.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
         )
         (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
         mask = os.umask(0o022)  # reading the umask means setting it: put back at once

@@ -24,7 +24,10 @@ from typing import Any
 
 from harness.check.finding import Finding, FindingError
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
-from harness.vllm_sched.proxy import LockstepSink, install
+from harness.vllm_sched.mirror import ModelMirror, WorldStep
+from harness.vllm_sched.proxy import install
+from harness.vllm_sched.sink import LockstepSink
+from harness.vllm_sched.world_checks import MAX_LOAD_STEPS, WorldChecks
 from harness.world.choices import Choices
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
@@ -88,22 +91,6 @@ def draw_knobs(ch: Choices, config: KVCacheConfig, family: str) -> SchedKnobs:
 
 
 @dataclass
-class WorldStep:
-    """What the world did in one engine step (recorded when a ``Driver`` is asked to): the inputs
-    kvspec's scheduler model is given to replay the step (``harness.vllm_sched.agreement``)."""
-
-    arrivals: list[tuple[str, tuple[int, ...], dict[str, Any] | None]] = field(default_factory=list)
-    abort: str | None = None
-    reset: bool = False
-    sampled: dict[str, tuple[int, int]] = field(default_factory=dict)  # rid -> (accepted drafts, bonus token)
-    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> drafts proposed after the step
-    loads_done: list[str] = field(default_factory=list)  # async loads reported finished, as vLLM walks them
-    load_invalid: dict[str, int] = field(default_factory=dict)  # rid -> table index of its invalid block
-    sync_failed: str | None = None  # the synchronous load reported bad this step
-    kept: dict[str, int] = field(default_factory=dict)  # rid -> sampled tokens its request kept (a stop drops the rest)
-
-
-@dataclass
 class RunResult:
     """One run of the real scheduler: counts, and the finding with its lockstep steps if any."""
 
@@ -152,6 +139,8 @@ class Driver:
         self.max_len = int(config.max_model_len)
         self.on_phase = on_phase  # told "world", "schedule", "update" as each phase of a step begins
         self.world: list[WorldStep] | None = None if on_phase is None else []  # recorded with on_phase
+        self.checks: WorldChecks | None = None  # told every fact the world gives (harness.vllm_sched.world_checks)
+        self.load_age: dict[str, int] = {}  # request id -> engine steps its load has been in flight
 
     def _new_request(self) -> Any:
         SamplingParams, _, _, _, Request, _ = self._v
@@ -192,12 +181,16 @@ class Driver:
             for _ in range(ch.integer(0, 2, "arrivals")):
                 req = self._new_request()
                 world.arrivals.append((req.request_id, tuple(req.prompt_token_ids), req.kv_transfer_params))
+                if self.checks is not None:
+                    self.checks.arrived(req.request_id)
                 sched.add_request(req)
         live = sorted(sched.requests)
         # Aborts: sometimes; often once the backlog is full (a request the pool can never hold
         # would otherwise block the queue for the rest of the run).
         if live and ch.integer(0, 3 if len(live) >= 8 else 19, "abort") == 0:
             world.abort = ch.choice(live, "abort_id")
+            if self.checks is not None:
+                self.checks.aborted(world.abort)
             sched.finish_requests(world.abort, RequestStatus.FINISHED_ABORTED)
         if ch.integer(0, 29, "reset") == 0:
             world.reset = True
@@ -223,13 +216,19 @@ class Driver:
         if self.knobs.connector:
             kv_out = self._connector_output(out, world, KVConnectorOutput, RequestStatus)
         mro = model_runner_output(ModelRunnerOutput, req_ids, sampled, kv_out)
+        if self.checks is not None:
+            self.checks.sampled({rid: tuple(s) for rid, s in zip(req_ids, sampled, strict=True) if s})
+            if kv_out is not None:
+                self.checks.connector_output(kv_out.finished_recving or (), kv_out.invalid_block_ids or ())
         if self.world is None:
-            sched.update_from_output(out, mro)
+            outputs = sched.update_from_output(out, mro)
         else:  # recording: how many sampled tokens each request kept (a stop drops the rest)
             taking = {rid: sched.requests[rid] for rid in world.sampled}
             before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
-            sched.update_from_output(out, mro)
+            outputs = sched.update_from_output(out, mro)
             world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
+        if self.checks is not None:
+            self.checks.engine_outputs(outputs)
         if self.knobs.num_spec_tokens:
             ids, drafts = [], []
             # The drafter proposes for the requests this step sampled (the model runner's batch).
@@ -241,6 +240,8 @@ class Driver:
                     world.drafts[r.request_id] = tuple(drafts[-1])
             if ids:
                 sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+        if self.checks is not None:
+            self.checks.end_of_step()
 
     def _connector_output(self, out: Any, world: WorldStep, KVConnectorOutput: Any, RequestStatus: Any) -> Any:
         """The worker side of the stub connector for one step: loads that finish, and failed ones
@@ -254,9 +255,20 @@ class Driver:
             for rid, r in sched.requests.items()
             if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in reported
         }
-        self.loading &= set(sched.requests)
-        done = {rid for rid in sorted(self.loading) if ch.integer(0, 2, "load_done") == 0}
+        self.loading &= set(sched.requests)  # a request the scheduler dropped cannot be reported (assert)
+        for rid in self.loading:
+            self.load_age[rid] = self.load_age.get(rid, 0) + 1
+            if self.checks is not None:
+                self.checks.load_started(rid)
+        # Each load ends with chance 1/3 per step, and at the latest after MAX_LOAD_STEPS steps.
+        done = {
+            rid
+            for rid in sorted(self.loading)
+            if ch.integer(0, 2, "load_done") == 0 or self.load_age[rid] >= MAX_LOAD_STEPS
+        }
         self.loading -= done
+        for rid in done:
+            del self.load_age[rid]
         world.loads_done = list(done)  # in the order vLLM walks the set it is given
         invalid: set[int] = set()
         for rid in sorted(done):
@@ -291,6 +303,20 @@ class Driver:
         return None
 
 
+def agreement_finding(diff: Any, engine_step: int, ops: int) -> Finding:
+    """An ``agreement`` finding: kvspec's scheduler model and the real scheduler differ in one engine
+    step; ``expected`` holds the model's calls of the step, ``actual`` the real scheduler's."""
+    return Finding(
+        "agreement",
+        max(ops - 1, 0),
+        f"kvspec's scheduler model and the real scheduler differ in engine step {engine_step}: {diff.kind}",
+        expected=[{"phase": p, **op} for p, op in diff.model],
+        actual=[{"phase": p, **op} for p, op in diff.real],
+        invariant="model_agrees",
+        witness={"engine_step": engine_step, "detail": diff.detail},
+    )
+
+
 def run_one(
     config: KVCacheConfig,
     knobs: SchedKnobs,
@@ -301,21 +327,34 @@ def run_one(
     deadline: float | None = None,
     relation: str = "exact",
     stop: Callable[[], bool] | None = None,
+    world_facts: bool = True,
+    conservation: bool = True,
+    agreement: bool = True,
 ) -> RunResult:
     """One real scheduler with the spec in lockstep behind its manager, driven until
     ``max_engine_steps``, ``max_ops`` mirrored operations, ``deadline``, ``stop()`` (asked before
-    each engine step: a signal came) or the first finding."""
+    each engine step: a signal came) or the first finding.  The world's checks
+    (``harness.vllm_sched.world_checks``: ``world_facts``, ``conservation``) and, with ``agreement``, kvspec's scheduler
+    model beside the real one (``harness.vllm_sched.mirror``) run after every engine step."""
+
     sched, spec_config = build_scheduler(config, knobs)
     res = RunResult(spec_config, knobs, relation=relation)
     sink = LockstepSink(spec_config, sched.kv_cache_manager, relation)
     proxy = install(sched, sink)
-    driver = Driver(sched, spec_config, knobs, ch)
+    driver = Driver(sched, spec_config, knobs, ch, on_phase=sink.set_phase if agreement else None)
+    driver.checks = WorldChecks(sink, world_facts, conservation)
+    mirror = ModelMirror(spec_config, knobs) if agreement else None
     t = time.perf_counter()
     try:
         while res.engine_steps < max_engine_steps and len(sink.steps) < max_ops:
             if (deadline is not None and time.monotonic() > deadline) or (stop is not None and stop()):
                 break
+            sink.calls.clear()
             driver.step()
+            if mirror is not None and driver.world:
+                diff = mirror.step(driver.world.pop(), sink.calls)
+                if diff is not None:
+                    raise FindingError(agreement_finding(diff, res.engine_steps, len(sink.steps)))
             res.engine_steps += 1
     except FindingError as e:
         res.finding = e

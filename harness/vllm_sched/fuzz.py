@@ -83,7 +83,7 @@ def finding_trace(
     return Trace(
         config=res.config,
         steps=list(steps or ()),
-        target_name="vllm",
+        target_name=TARGET_NAME if needs_world(finding) else "vllm",
         target_version=vllm_version(),
         seed=seed,
         family=family,
@@ -117,8 +117,9 @@ def write_finding(
     small = reduced.result
     assert small.finding is not None
     trace = finding_trace(small, family, seed, overrides=reduced.overrides)
-    left = max(0.0, reduce_seconds - (time.monotonic() - start))
-    trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, left, step_timeout=10.0)
+    if not needs_world(small.finding.finding):  # the operations alone reproduce it on the real manager
+        left = max(0.0, reduce_seconds - (time.monotonic() - start))
+        trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, left, step_timeout=10.0)
     trace.extra["recorded_steps"] = len(res.steps)
     trace.extra["scheduler_reduction"] = {
         "runs": reduced.runs,
@@ -127,6 +128,33 @@ def write_finding(
         "steps_after": len(small.steps),
     }
     return write_report(out, trace)
+
+
+def needs_world(finding: Finding) -> bool:
+    """Does the finding come from the world's checks or the agreement (``harness.vllm_sched.world_checks``,
+    ``harness.vllm_sched.mirror``), so that only re-driving the real scheduler reproduces it
+    (``kvspec replay --target vllm-scheduler``), not replaying its operations on a manager?"""
+    return finding.kind in ("conservation", "agreement") or finding.witness.get("check") == "world"
+
+
+def recorded_by_scheduler(paths: Sequence[str]) -> bool:
+    """Do the traces under ``paths`` all record ``--target vllm-scheduler`` (a finding that only
+    re-driving the real scheduler reproduces, ``needs_world``)?  False when they cannot be read:
+    ``kvspec replay`` then says why."""
+    from harness.core.strict_json import TraceFormatError
+    from harness.traces.folders import find_traces
+
+    try:
+        found = find_traces(list(paths))
+    except (TraceFormatError, ValueError, OSError):
+        return False
+    return bool(found.traces) and all(t.target_name == TARGET_NAME for _, t in found.traces)
+
+
+def replay_hint(finding: Finding, dest: Path) -> str:
+    if needs_world(finding):
+        return f"kvspec replay {dest}   (re-drives the real scheduler: --target {TARGET_NAME})"
+    return f"kvspec replay {dest} --target vllm   (or --target spec)"
 
 
 def first_finding(families: Sequence[str], seconds: float, seed: int) -> tuple[RunResult | None, str, int, int, float]:
@@ -211,8 +239,11 @@ def fuzz_scheduler(
     say: Callable[[str], None] | None = None,
     relation: str = "exact",
     reduce_seconds: float = 10.0,
+    checks: Mapping[str, bool] | None = None,
 ) -> int:
-    """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status."""
+    """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status.  ``checks``: the
+    world's checks and the agreement turned off or on (``run_one``'s ``world_facts``,
+    ``conservation``, ``agreement``; all on by default)."""
     from harness.run.signals import SIGNALS, Interrupted
 
     def emit(line: str) -> None:
@@ -220,7 +251,7 @@ def fuzz_scheduler(
 
     with SIGNALS.installed():
         try:
-            return _fuzz_scheduler(families, seconds, seed, out, emit, relation, reduce_seconds)
+            return _fuzz_scheduler(families, seconds, seed, out, emit, relation, reduce_seconds, dict(checks or {}))
         except Interrupted as e:  # while vLLM was loading
             emit(f"kvspec fuzz: interrupted by {signal_name(e.signum)} while vLLM loaded; nothing run")
             return 128 + e.signum
@@ -234,6 +265,7 @@ def _fuzz_scheduler(
     emit: Callable[[str], None],
     relation: str,
     reduce_seconds: float,
+    checks: dict[str, bool],
 ) -> int:
     from harness.run.signals import SIGNALS
     from harness.targets.vllm import VllmUnavailable, _vllm
@@ -252,9 +284,10 @@ def _fuzz_scheduler(
         known = ", ".join(SCHED_FAMILIES)
         emit(f"kvspec fuzz: none of the chosen families runs on the real scheduler (choose from {known})")
         return EXIT_USAGE
+    off = [name for name, on in checks.items() if not on]
     emit(
         f"kvspec fuzz: target {TARGET_NAME}, families {','.join(runs)}, up to {seconds:g}s, seed {seed}; "
-        f"reports to {out}"
+        f"reports to {out}" + (f"; off: {', '.join(off)}" if off else "")
     )
     start = time.monotonic()
     deadline = start + seconds
@@ -278,7 +311,7 @@ def _fuzz_scheduler(
                     break
                 continue
             try:
-                res = one_run(family, s, deadline=deadline, relation=relation, stop=signalled)
+                res = one_run(family, s, None, deadline=deadline, relation=relation, stop=signalled, **checks)
             except Unsupported as e:
                 unsupported[family] = str(e)
                 emit(f"kvspec fuzz: family {family} skipped (seed {s}): {e}")
@@ -307,7 +340,7 @@ def _fuzz_scheduler(
                 dest = write_finding(out, res, family, s, reduce_seconds, stop=signalled)
                 emit(f"kvspec fuzz: {res.finding.finding.summary()}")
                 emit(f"kvspec fuzz: family {family}, run seed {s}; report written to {dest}")
-                emit(f"kvspec fuzz: replay it with: kvspec replay {dest} --target vllm   (or --target spec)")
+                emit(f"kvspec fuzz: replay it with: {replay_hint(res.finding.finding, dest)}")
                 return 128 + SIGNALS.signum if SIGNALS.signum is not None else EXIT_FOUND
     except KeyboardInterrupt:  # a signal before the handlers were in place, or a second one
         emit("kvspec fuzz: interrupted; nothing found so far")
@@ -365,6 +398,11 @@ def fuzz_cli(opts: FuzzOptions) -> int:
             opts.out,
             relation=opts.relation,
             reduce_seconds=opts.reduce_seconds,
+            checks={
+                "world_facts": not opts.no_world_checks,
+                "conservation": not opts.no_world_checks,
+                "agreement": not opts.no_agreement,
+            },
         )
 
     if opts.target == TARGET_NAME:

@@ -38,7 +38,8 @@ from harness.core import ops as O
 from harness.core.ops_json import op_to_json
 from harness.targets.base import Unsupported
 from harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
-from harness.vllm_sched.proxy import LockstepSink, install
+from harness.vllm_sched.proxy import install
+from harness.vllm_sched.sink import LockstepSink
 from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
 from spec.types import BlockCount, TokenCount
 

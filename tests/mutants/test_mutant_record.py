@@ -83,7 +83,7 @@ def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
     want = [
         (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,)) for m in all_mutants() for mode in m.modes
     ]
-    assert rows == want and len(rows) == 47
+    assert rows == want and len(rows) == 51
     assert len(builtin_entries(with_vllm=False)) == 36  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
 
 

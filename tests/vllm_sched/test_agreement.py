@@ -14,9 +14,10 @@ from harness.world.transfer import KVTransfers
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.vllm_sched.agreement import compare_run, compare_step, main  # noqa: E402
+from harness.vllm_sched.agreement import compare_run, main  # noqa: E402
 from harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
 from harness.vllm_sched.fuzz import run_seed  # noqa: E402
+from harness.vllm_sched.mirror import compare_step  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,134 @@
+"""The proxy's lockstep sink: the spec beside vLLM's real manager, fed every call the real scheduler makes.
+
+``LockstepSink`` is a ``harness.check.lockstep.Lockstep`` whose target is ``PassiveVllmTarget``, which
+makes no call of its own: its ``apply`` returns the outcome the real call produced
+(``harness.vllm_sched.proxy``) and its ``observe`` is ``VllmTarget.observe`` on the real manager.  The
+spec runs beside it; the first divergence, invariant or ledger problem raises ``FindingError`` as in any
+lockstep run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.check.lockstep import Lockstep
+from harness.core import ops as O
+from harness.core.book import BookRequest
+from harness.core.observation import Observation
+from harness.targets.vllm import VllmTarget
+from spec.config import KVCacheConfig
+
+
+class PassiveVllmTarget(VllmTarget):
+    """The real manager as a lockstep target that makes no call itself: ``apply`` returns the
+    outcome the real scheduler's call produced (``expect``), ``observe`` reads the real manager."""
+
+    name = "vllm"
+
+    def __init__(self, manager: Any) -> None:
+        super().__init__()
+        self._real = manager
+        self._outcome: Any = None
+        self._error: BaseException | None = None
+        self._native: Any = None
+
+    def expect(self, outcome: Any, error: BaseException | None, native: Any = None) -> None:
+        self._outcome, self._error, self._native = outcome, error, native
+
+    def build(self, config: KVCacheConfig) -> None:
+        from vllm.v1.core import kv_cache_utils
+
+        self._manager = self._real
+        self._lora_ids = {}
+        self._hash_by_low64 = {}
+        self._hash_memo = {}
+        self._none_hash = kv_cache_utils.NONE_HASH
+
+    def _result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._outcome
+
+    def new_request(self, r: BookRequest) -> Any:
+        return self._native
+
+    def update_request(self, request: Any, r: BookRequest, op: O.Op) -> Any:
+        return request
+
+    def get_computed_blocks(self, request: Any) -> tuple[Any, list[list[int]], int]:
+        out = self._result()
+        return None, out["block_ids"], out["num_hit_tokens"]
+
+    def allocate_slots(self, request: Any, op: O.AllocateSlots, new_computed_blocks: Any) -> list[list[int]] | None:
+        out = self._result()
+        return None if out is None else list(out["block_ids"])
+
+    def free(self, request: Any, request_id: str) -> None:
+        self._result()
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self._result()
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        self._result()
+
+    def evict_blocks(self, block_ids: tuple[int, ...]) -> None:
+        self._result()
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._result())
+
+    def observe(self) -> Observation:
+        return super().observe()
+
+    def _observed_hashes(self, rid: str, request: Any) -> tuple[bytes, ...]:
+        """The request's block hashes as of its last synchronisation: the real scheduler may have
+        appended tokens since (they reach the spec at the request's next manager call), and vLLM
+        only ever appends hashes, so the first ``num_tokens // hash_block_size`` are those."""
+        assert self.config is not None
+        n = self.book.get(rid).num_tokens // int(self.config.hash_block_size) if request.block_hashes else 0
+        return tuple(request.block_hashes[:n])
+
+
+FULL_CHECK_EVERY = 1 << 20
+"""Operations between full checks within an engine step (never reached: ``LockstepSink.finish`` runs one
+at every engine step's end)."""
+
+
+class LockstepSink:
+    """Mirrors every operation into a ``Lockstep`` (spec beside the passive real manager)."""
+
+    def __init__(self, config: KVCacheConfig, manager: Any, relation: str = "exact") -> None:
+        self.target = PassiveVllmTarget(manager)
+        # Glimpses after each operation, the whole state at each engine step's end (``end_of_step``).
+        self.lockstep = Lockstep(config, self.target, relation, step_timeout=None, full_check_every=FULL_CHECK_EVERY)
+        self.lockstep.start()
+        self.world: Any = None  # harness.vllm_sched.world_checks.WorldChecks, told each request operation
+        self.phase, self.calls = "world", list[tuple[str, O.Op]]()  # manager calls by phase (the agreement)
+
+    @property
+    def done(self) -> bool:
+        return False
+
+    def request_op(self, op: O.Op, request: Any) -> None:
+        self.target.expect(None, None, request)
+        self.lockstep.apply(op)
+        if self.world is not None:
+            self.world.appended(op)
+
+    def manager_op(self, op: O.Op, outcome: Any, error: BaseException | None) -> None:
+        self.target.expect(outcome, error)
+        self.calls.append((self.phase, op))
+        self.lockstep.apply(op)
+
+    def finish(self) -> None:
+        """The end of an engine step or of the run: a full check of the whole state if operations
+        were glimpsed since the last one (``harness.core.glimpse``)."""
+        self.lockstep.finish()
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    @property
+    def steps(self) -> list[tuple[O.Op, Any]]:
+        return self.lockstep.steps
