@@ -5,7 +5,8 @@ process is (what "from a cold start" means in ``kvspec fuzz``'s and ``kvspec mut
 included), elsewhere the time since this module was first imported.  ``cold_start_seconds(target)``
 runs ``python -m harness.run.startup TARGET`` in a fresh process, which does what ``kvspec fuzz
 --target TARGET`` does before its first example (import kvspec, resolve and build the target, reset
-it on a first config, import Hypothesis and build the state machine) and exits; the figure is that
+it on a first config, import Hypothesis and build the state machine) and exits (for vLLM's real
+scheduler, ``python -m harness.vllm_sched.build``, which builds one); the figure is that
 process' whole wall time.  Nothing here is asserted on: the figures are printed.
 """
 
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 _IMPORTED = time.monotonic()
+# The module a target's start-up runs in (``python -m MODULE TARGET``): vLLM's real scheduler builds one.
+WARM_UP = {"vllm-scheduler": "harness.vllm_sched.build"}
 
 
 def process_seconds() -> float:
@@ -37,7 +40,7 @@ def cold_start_seconds(target: str, timeout: float = 300.0) -> float | None:
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "harness.run.startup", target],
+            [sys.executable, "-m", WARM_UP.get(target, "harness.run.startup"), target],
             capture_output=True,
             timeout=timeout,
             check=False,
@@ -66,13 +69,6 @@ def cold_report_seconds(to_report: float, target: str, startups: dict[str, float
 
 def warm_up(target: str) -> None:
     """What ``kvspec fuzz --target TARGET`` does before its first example."""
-    if target == "vllm-scheduler":
-        from harness.vllm_sched.build import SchedKnobs, build_scheduler
-        from spec.config import KVCacheConfig, full_attention
-        from spec.types import BlockCount, TokenCount
-
-        build_scheduler(KVCacheConfig(BlockCount(64), (full_attention(16),), TokenCount(256)), SchedKnobs())
-        return
     from harness.check.machine import RunStats, make_machine
     from harness.mutants.registry import resolve_target
     from harness.world.families import FAMILIES

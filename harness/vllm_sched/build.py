@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from harness.targets.base import Unsupported
 from harness.targets.vllm_release import fields_of
-from spec.config import KVCacheConfig
-from spec.types import TokenCount
+from spec.config import KVCacheConfig, full_attention
+from spec.types import BlockCount, TokenCount
 
 CONNECTOR_NAME = "StubConnector"
 
@@ -181,3 +181,7 @@ def model_runner_output(cls: Any, req_ids: list[str], sampled: list[list[int]], 
     if "req_id_to_index" in fields_of(cls):
         extra["req_id_to_index"] = {rid: i for i, rid in enumerate(req_ids)}
     return cls(req_ids=req_ids, sampled_token_ids=sampled, kv_connector_output=kv_out, **extra)
+
+
+if __name__ == "__main__":  # a cold start's start-up (harness.run.startup): build one scheduler, then exit
+    build_scheduler(KVCacheConfig(BlockCount(64), (full_attention(16),), TokenCount(256)), SchedKnobs())
