@@ -6,6 +6,7 @@ so docs and test cannot drift; a command with no check here fails the test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
@@ -78,13 +79,14 @@ def _run_until_progress(repo: UserRepo, line: str, limit: float = 60) -> str:
                 if re.match(r"kvspec: TestKVSpec_no_cache \(pid \d+\): [1-9]\d* examples", seen[-1]):
                     break
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # it may have exited already: its output says why
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return "".join(seen)
+    return "".join(seen) + proc.stdout.read()
 
 
 def test_every_documented_command_has_a_check():
