@@ -18,7 +18,7 @@ from harness.pd.mc.designs import resolve_mc_design
 from harness.pd.mc.model import SAFETY, Bounds
 from harness.pd.mc.search import LIVENESS, Result, explore
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dup", type=int, default=d.dup, help="control messages that may be duplicated")
     p.add_argument("--crash", type=int, default=d.crash, help="instance crashes (P or a D)")
     p.add_argument("--no-symmetry", action="store_true", help="explore every renaming (brute force)")
-    p.add_argument("--max-states", type=int, default=5_000_000, help="give up (exit 1) past this many states")
+    p.add_argument("--max-states", type=int, default=5_000_000, help="give up past this many states: exit 3 (incomplete) unless a rule already failed")
     p.add_argument("--out", default=None, help="write the results (and counterexamples) here as JSON")
 
 
@@ -68,7 +68,9 @@ def verify_main(args: argparse.Namespace) -> int:
         report(r)
     if args.out:
         write_json(Path(args.out), [to_json(r) for r in results])
-    return EXIT_OK if all(r.ok for r in results) else EXIT_FOUND
+    if any(r.rule is not None for r in results):
+        return EXIT_FOUND
+    return EXIT_OK if all(r.completed for r in results) else EXIT_INCOMPLETE  # no verdict within --max-states
 
 
 def report(r: Result) -> None:
