@@ -31,7 +31,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dup", type=int, default=d.dup, help="control messages that may be duplicated")
     p.add_argument("--crash", type=int, default=d.crash, help="instance crashes (P or a D)")
     p.add_argument("--no-symmetry", action="store_true", help="explore every renaming (brute force)")
-    p.add_argument("--max-states", type=int, default=5_000_000, help="give up past this many states: exit 3 (incomplete) unless a rule already failed")
+    p.add_argument("--max-states", type=int, default=5_000_000, help="give up past this many states (exit 3)")
     p.add_argument("--out", default=None, help="write the results (and counterexamples) here as JSON")
 
 
