@@ -1,10 +1,12 @@
 """``kvspec mutants``: run the catalogue of deliberate bugs as one campaign and print a table.
 
-Each row is one mutant in one mode, fuzzed until the first finding (then shrunk and written as a
+Each row is one mutant in one mode, fuzzed until the first finding (then reduced and written as a
 report under ``--out``) or until ``--seconds`` pass: killed or not, which check killed it (the finding
 kind, and the invariant or the equality field that fired), the time to the first failing example,
-the time to the written report, and the trace's length after Hypothesis' shrinking and after the
-trace reduction (``harness.traces.reduce``, the report's length).  Exit 1 if any mutant survives.
+the time to the written report in this process (``report``) and from a cold start (``cold``: plus a
+fresh process' start-up for the row's target, ``harness.run.startup``), and the trace's length before
+the reduction (``shrunk``: Hypothesis shrinks only with ``--shrink-stall N``) and after it
+(``harness.traces.reduce``, the report's length).  Exit 1 if any mutant survives.
 
 Modes:
 

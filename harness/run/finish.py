@@ -67,8 +67,7 @@ def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
     else:
         print(
             f"kvspec fuzz: FOUND {res.summary} (first failing example after {res.first_finding_after or 0:.1f}s, "
-            f"then shrunk to {res.shrunk_steps} steps in {res.shrink_examples} examples and reduced to "
-            f"{len(trace.steps)})"
+            f"{_shrunk(opts, res)} and reduced to {len(trace.steps)})"
         )
     if report is not None:
         print(
@@ -77,6 +76,13 @@ def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
             f"replay with: {replay_command(report, trace.target_name)})"
         )
     return report
+
+
+def _shrunk(opts: FuzzOptions, res: FuzzResult) -> str:
+    """What Hypothesis' shrinking did before the reduction (``--shrink-stall``)."""
+    if opts.shrink_stall == 0:
+        return f"{res.shrunk_steps} steps, not shrunk (--shrink-stall 0),"
+    return f"then shrunk to {res.shrunk_steps} steps in {res.shrink_examples} examples"
 
 
 def write_report_safely(out: str | Path, trace: Any, name: str | None = None) -> Path | None:
