@@ -232,7 +232,7 @@ def _keep_finding(
         return False
     res.found_family, res.shrunk_steps, res.first_finding_after = fam, len(trace.steps), stats.first_finding_after
     res.shrink_examples = stats.shrink_examples
-    finding = stats.best[0] if shortest and stats.best is not None else stats.finding
+    finding = recorded(stats, shortest)[0]
     if res.interrupted is None:
         trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout, deadline)
     res.trace, res.summary = trace_to_json(trace), finding.summary()
@@ -276,6 +276,14 @@ def reduce_finding(
     return trace, red.finding
 
 
+def recorded(stats: Any, best: bool = False) -> tuple[Any, list[tuple[Any, Any]], Any]:
+    """The finding ``stats`` recorded last (``best``: the shortest so far, when there is one), with its
+    steps and config; the finding is None when there is none."""
+    if best and stats.best is not None:
+        return stats.best  # type: ignore[no-any-return]
+    return stats.finding, stats.finding_steps, stats.finding_config
+
+
 def finding_trace(
     stats: Any,
     target: str,
@@ -289,10 +297,7 @@ def finding_trace(
     the run stopped without one."""
     from harness.traces.trace import Trace
 
-    if best and stats.best is not None:
-        finding, steps, config = stats.best
-    else:
-        finding, steps, config = stats.finding, stats.finding_steps, stats.finding_config
+    finding, steps, config = recorded(stats, best)
     if finding is None or config is None:
         return None
     return Trace(

@@ -171,7 +171,7 @@ def run_family(
     shrinking bound; ``hyp_settings``, else the loaded profile on ``db``); a finding fails the test
     with its report path (under ``opts.out``)."""
     from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
-    from harness.run.fuzzing import finding_trace, reduce_finding
+    from harness.run.fuzzing import finding_trace, recorded, reduce_finding
     from harness.traces.report import replay_command, write_report
 
     stats = RunStats(shrink_stall=opts.shrink_stall)
@@ -181,7 +181,7 @@ def run_family(
     except (AssertionError, ShrinkStalled) as e:  # stalled: the shortest failing trace so far
         shortest = isinstance(e, ShrinkStalled)
         trace = finding_trace(stats, opts.target, None, None, family, opts.relation, shortest)
-        finding = stats.best[0] if shortest and stats.best is not None else stats.finding
+        finding = recorded(stats, shortest)[0]
         if trace is None or finding is None:
             raise
     else:
