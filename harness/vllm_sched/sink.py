@@ -126,6 +126,14 @@ class LockstepSink:
         were glimpsed since the last one (``harness.core.glimpse``)."""
         self.lockstep.finish()
 
+    def observation(self) -> Observation:
+        """The real manager's whole state now: the observation the last full check read when nothing
+        was glimpsed since (after ``finish``, every engine step's end), else read again."""
+        ls = self.lockstep
+        if ls.tgt_obs is not None and not ls.tgt_obs_is_spec and ls.since_full == 0:
+            return ls.tgt_obs
+        return self.target.observe()
+
     def set_phase(self, phase: str) -> None:
         self.phase = phase
 

@@ -117,7 +117,7 @@ class WorldChecks:
         self.step += 1
 
     def _conserved(self) -> None:
-        obs = self.sink.target.observe()
+        obs = self.sink.observation()  # what the end-of-step full check just read
         held: dict[str, list[int]] = {}
         for tables in obs.tables:
             for rid, blocks in tables.items():
