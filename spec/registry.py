@@ -40,6 +40,7 @@ class Registry(Mapping[str, Invariant[C, W]]):
         self.what = what
         self.kinds = tuple(kinds)
         self._entries: dict[str, Invariant[C, W]] = {}
+        self._by_kinds: dict[tuple[str, ...], list[Invariant[C, W]]] = {}
 
     def register(self, rule: str, kind: str) -> Callable[[Callable[[C], W | None]], Callable[[C], W | None]]:
         """The decorator adding a predicate under its function's name (a second one is refused)."""
@@ -48,9 +49,17 @@ class Registry(Mapping[str, Invariant[C, W]]):
         def add(fn: Callable[[C], W | None]) -> Callable[[C], W | None]:
             assert fn.__name__ not in self._entries, f"duplicate {self.what} {fn.__name__}"
             self._entries[fn.__name__] = Invariant(fn.__name__, rule, kind, fn)
+            self._by_kinds.clear()
             return fn
 
         return add
+
+    def _of_kinds(self, kinds: tuple[str, ...]) -> list[Invariant[C, W]]:
+        """The predicates of ``kinds``, in registration order (remembered until the next registration)."""
+        found = self._by_kinds.get(kinds)
+        if found is None:
+            found = self._by_kinds[kinds] = [inv for inv in self._entries.values() if inv.kind in kinds]
+        return found
 
     def __getitem__(self, name: str) -> Invariant[C, W]:
         return self._entries[name]
@@ -66,8 +75,8 @@ class Registry(Mapping[str, Invariant[C, W]]):
     ) -> list[tuple[Invariant[C, W], W]]:
         """Every broken predicate (of ``kinds``, or the named ones) with its witness, in registration order."""
         out = []
-        for inv in self._entries.values():
-            if (kinds is not None and inv.kind not in kinds) or (names is not None and inv.name not in names):
+        for inv in self._entries.values() if kinds is None else self._of_kinds(tuple(kinds)):
+            if names is not None and inv.name not in names:
                 continue
             witness = inv.check(ctx)
             if witness is not None:

@@ -131,15 +131,35 @@ def _rehash(req: Request) -> Request:
     return replace(req, block_hashes=hashes)
 
 
-def recompute_block_hashes(req: Request, profile: Profile) -> tuple[BlockHash, ...]:
+def recompute_block_hashes(
+    req: Request, profile: Profile, known: tuple[Request, tuple[BlockHash, ...]] | None = None
+) -> tuple[BlockHash, ...]:
     """The request's block hashes recomputed from its tokens under ``profile`` as its hashing calls
     made them: the prompt's full blocks at creation, then the rest.  Every multimodal item lies in
     the prompt, so this is exact whatever the later calls were (before vLLM 0.31 a later call keys
     only the last item, ``mm_resume_scan``; a prompt shorter than a block hashes nothing at
-    creation, and the first call that does sees every item, which then all lie in its first block)."""
+    creation, and the first call that does sees every item, which then all lie in its first block).
+    ``known``: an earlier request and the hashes this function computed for it; when it has the
+    same prompt and hashing inputs and the tokens it hashed begin ``req``'s, only the blocks after
+    them are hashed (hashes chain, and, as just said, the history of calls does not matter)."""
     hbs, algo = req.hash_block_size, req.hash_algo
+    if known is not None and _extends(known[0], len(known[1]), req):
+        return extend_block_hashes(known[1], req.all_token_ids, req.features, hbs, algo, PROCESS_HASH_SEED, profile)
     at_creation = extend_block_hashes((), req.prompt_token_ids, req.features, hbs, algo, PROCESS_HASH_SEED, profile)
     return extend_block_hashes(at_creation, req.all_token_ids, req.features, hbs, algo, PROCESS_HASH_SEED, profile)
+
+
+def _extends(earlier: Request, hashed_blocks: int, req: Request) -> bool:
+    """Does ``req`` begin with the ``hashed_blocks`` blocks ``earlier`` hashed, from the same inputs?"""
+    n = hashed_blocks * req.hash_block_size
+    return (
+        earlier.hash_block_size == req.hash_block_size
+        and earlier.hash_algo == req.hash_algo
+        and earlier.features == req.features
+        and earlier.prompt_token_ids == req.prompt_token_ids
+        and len(req.all_token_ids) >= n
+        and req.all_token_ids[:n] == earlier.all_token_ids[:n]
+    )
 
 
 def append_output_token_ids(req: Request, token_ids: Sequence[int]) -> Request:

@@ -84,6 +84,18 @@ class ShrinkStalled(KeyboardInterrupt):
     failing examples Hypothesis found are already in its database."""
 
 
+class FamilyUnsupported(KeyboardInterrupt):
+    """The target refused the first ``RESETS_BEFORE_SKIP`` configs of a family and accepted none
+    (``Unsupported`` at reset, e.g. ``v0_20`` on vLLM 0.33): the family is skipped at once, instead
+    of after the hundreds of refusals Hypothesis makes before it gives up (about 2 s per run).  A
+    ``KeyboardInterrupt``, like ``ShrinkStalled``, so Hypothesis stops without shrinking."""
+
+
+RESETS_BEFORE_SKIP = 50
+"""Refusals in a row, with no accepted reset, before a family is skipped: a family whose configs
+the target accepts one time in ten survives them with probability 0.9**50, under 1%."""
+
+
 def _record_finding(stats: RunStats, finding: Finding, steps: list[tuple[O.Op, Any]], config: KVCacheConfig) -> None:
     """Keep ``finding`` as the latest (what Hypothesis' final replay of the shrunk example leaves) and,
     when no longer than the best so far, as the best; the first one caps shrinking (``_cap_shrinking``)."""
@@ -154,6 +166,7 @@ class KVMachine(RuleBasedStateMachine):
     kv_check = False  # the target is wrapped in the KV-content oracle
     reset_unsupported: str | None = None  # the target's last Unsupported at reset (why)
     resets_ok = 0  # resets the target accepted (a family with none is skipped)
+    resets_refused = 0  # resets the target refused (Unsupported)
 
     def __init__(self) -> None:
         super().__init__()
@@ -178,7 +191,10 @@ class KVMachine(RuleBasedStateMachine):
         except Unsupported as e:
             self.stats.unsupported[str(e)[:80]] += 1
             if at_reset:
-                type(self).reset_unsupported = str(e)
+                cls = type(self)
+                cls.reset_unsupported, cls.resets_refused = str(e), cls.resets_refused + 1
+                if not cls.resets_ok and cls.resets_refused >= RESETS_BEFORE_SKIP:
+                    raise FamilyUnsupported(str(e)) from None
             assume(False)
         except FindingError as e:
             self.found = True
@@ -321,14 +337,14 @@ def run_machine(
     constant with no setting; ``harness.check.hypothesis_run`` lowers it for the run), and further by
     ``stats.deadline`` when set (``_cap_shrinking``).  A family the
     target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
-    vLLM 0.33) is skipped: recorded in ``stats.skipped`` and as the event
-    ``family:unsupported_at_reset``, and not run again.
+    vLLM 0.33; ``FamilyUnsupported`` after ``RESETS_BEFORE_SKIP`` of them) is skipped: recorded in
+    ``stats.skipped`` and as the event ``family:unsupported_at_reset``, and not run again.
     """
     if cls.family in cls.stats.skipped:
         return
     try:
         _run(cls, hyp_settings, seed, shrink_seconds)
-    except (Unsatisfiable, FailedHealthCheck):
+    except (Unsatisfiable, FailedHealthCheck, FamilyUnsupported):
         if cls.reset_unsupported is None or cls.resets_ok:
             raise
         cls.stats.skipped[cls.family] = cls.reset_unsupported

@@ -11,8 +11,7 @@ live in ``spec.invariants.state_invariants`` and ``spec.invariants.step_invarian
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from spec.config import KVCacheConfig
@@ -24,6 +23,8 @@ from spec.state import KVCacheManagerState
 from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
 
 InvariantKind = Literal["state", "step"]
+Slot = tuple[GroupId, RequestId, int]
+"""One table slot: (group, request, index)."""
 
 # --- contexts ------------------------------------------------------------------------------------
 
@@ -39,25 +40,35 @@ class StateContext:
     requests: Mapping[RequestId, Request]
     evict_called: bool = False
     event_log: Sequence[Event] | None = None
+    _references: dict[BlockId, list[Slot]] | None = field(default=None, init=False, repr=False)
+    _free_set: set[BlockId] | None = field(default=None, init=False, repr=False)
 
     @property
     def config(self) -> KVCacheConfig:
         return self.state.config
 
-    @cached_property
-    def references(self) -> dict[BlockId, list[tuple[GroupId, RequestId, int]]]:
-        """Non-null block -> every table slot (group, request, index) that holds it."""
-        refs: dict[BlockId, list[tuple[GroupId, RequestId, int]]] = {}
+    @property
+    def references(self) -> dict[BlockId, list[Slot]]:
+        """Non-null block -> every table slot (group, request, index) that holds it (read once; a plain
+        attribute, as ``functools.cached_property`` takes a lock on every first read before Python 3.12)."""
+        if self._references is None:
+            self._references = self._read_references()
+        return self._references
+
+    @property
+    def free_set(self) -> set[BlockId]:
+        if self._free_set is None:
+            self._free_set = set(self.state.pool.free_queue)
+        return self._free_set
+
+    def _read_references(self) -> dict[BlockId, list[Slot]]:
+        refs: dict[BlockId, list[Slot]] = {}
         for gid, group in enumerate(self.state.groups):
             for rid, table in group.req_to_blocks.items():
                 for i, b in enumerate(table):
                     if b != NULL_BLOCK_ID:
                         refs.setdefault(b, []).append((GroupId(gid), rid, i))
         return refs
-
-    @cached_property
-    def free_set(self) -> set[BlockId]:
-        return set(self.state.pool.free_queue)
 
     def view_hashes(self, rid: RequestId, gid: int) -> Sequence[BlockHash]:
         """``H_g(r)``: the request's hashes as group g keys its blocks (the last fine hash of each;

@@ -53,8 +53,10 @@ def free_queue_well_formed(c: StateContext) -> str | None:
     if len(c.free_set) != len(queue):
         dup = [b for b, n in Counter(queue).items() if n > 1]
         return f"block(s) {dup} appear more than once in the free queue"
+    if not queue or 0 < min(queue) and max(queue) < c.state.pool.num_blocks:
+        return None
     bad = [b for b in queue if not 0 < b < c.state.pool.num_blocks]
-    return f"free queue holds invalid id(s) {bad}" if bad else None
+    return f"free queue holds invalid id(s) {bad}"
 
 
 @SPEC_INVARIANTS.register("§9.3", "state")
@@ -77,8 +79,11 @@ def free_iff_unreferenced(c: StateContext) -> str | None:
 @SPEC_INVARIANTS.register("§9.4", "state")
 def conservation(c: StateContext) -> str | None:
     """``free + |{b real : ref_cnt(b) > 0}| == num_blocks - 1``: no block is lost or counted twice."""
-    pool = c.state.pool
-    used = sum(1 for b in range(1, pool.num_blocks) if pool.ref_cnt[b] > 0)
+    pool, ref = c.state.pool, c.state.pool.ref_cnt
+    if min(ref) >= 0:  # counted in C: the real blocks whose count is not 0
+        used = pool.num_blocks - 1 - ref.count(0) + (ref[NULL_BLOCK_ID] == 0)
+    else:
+        used = sum(1 for b in range(1, pool.num_blocks) if ref[b] > 0)
     if len(pool.free_queue) + used != pool.num_blocks - 1:
         return f"{len(pool.free_queue)} free + {used} in use != {pool.num_blocks - 1} usable blocks"
     return None
@@ -201,10 +206,10 @@ def hashed_means_full_and_correct(c: StateContext) -> str | None:
             for i, b in enumerate(table):
                 if b == NULL_BLOCK_ID:
                     continue
-                key = pool.block_key[b]
-                inside = {make_block_key(h, GroupId(gid)) for h in fine[i * scale : (i + 1) * scale - 1]}
-                for extra in pool.secondary_keys.get(b, ()):
-                    if extra not in inside:
+                key, extras = pool.block_key[b], pool.secondary_keys.get(b, ())
+                if extras or (key is not None and i >= cached):  # the hash boundaries inside the block
+                    inside = {make_block_key(h, GroupId(gid)) for h in fine[i * scale : (i + 1) * scale - 1]}
+                    if not inside.issuperset(extras):
                         return (
                             f"group {gid} request {rid!r} slot {i} (block {b}) has a secondary key "
                             "that is not a boundary inside it"
@@ -295,25 +300,27 @@ def hash_chain(c: StateContext) -> str | None:
 
 
 _HASH_MEMO: dict[tuple[Any, ...], tuple[BlockHash, ...]] = {}
-_SEEN: dict[int, tuple[Request, Profile, tuple[BlockHash, ...]]] = {}  # id(request) -> the last recomputation
+_LAST: dict[str, tuple[Request, Profile, tuple[BlockHash, ...]]] = {}  # request id -> its last recomputation
 
 
 def _recompute_hashes(req: Request, profile: Profile) -> tuple[BlockHash, ...]:
     """``recompute_block_hashes``, memoised: a request is a value, so the same object (checked after
-    every step while nothing changes it) is recomputed once; equal contents share one recomputation."""
-    seen = _SEEN.get(id(req))
-    if seen is not None and seen[0] is req and seen[1] is profile:
-        return seen[2]
+    every step while nothing changes it) is recomputed once, equal contents share one
+    recomputation, and a request that grew extends the recomputation of its last version (only its
+    new blocks are hashed)."""
+    last = _LAST.get(req.request_id)
+    if last is not None and last[0] is req and last[1] is profile:
+        return last[2]
     memo_key = (req.prompt_token_ids, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, profile)
     hashes = _HASH_MEMO.get(memo_key)
     if hashes is None:
         if len(_HASH_MEMO) > 4096:
             _HASH_MEMO.clear()
-        hashes = recompute_block_hashes(req, profile)
-        _HASH_MEMO[memo_key] = hashes
-    if len(_SEEN) > 4096:
-        _SEEN.clear()
-    _SEEN[id(req)] = (req, profile, hashes)  # holds req: its id is not reused while the entry lives
+        known = (last[0], last[2]) if last is not None and last[1] is profile else None
+        hashes = _HASH_MEMO[memo_key] = recompute_block_hashes(req, profile, known)
+    if len(_LAST) > 4096:
+        _LAST.clear()
+    _LAST[req.request_id] = (req, profile, hashes)
     return hashes
 
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.check.machine import RunStats, make_machine, run_machine
+from harness.check.machine import RESETS_BEFORE_SKIP, RunStats, make_machine, run_machine
 from harness.core import ops as O
 from harness.core.ops_json import op_from_json, op_to_json
 from harness.core.strict_json import TraceFormatError
@@ -417,6 +417,7 @@ def test_v0_20_is_skipped_cleanly_on_vllm() -> None:
     run_machine(cls, profile_settings("dev", max_examples=5, database=None), seed=1)
     assert "v0_20" in stats.skipped and "0.20" in stats.skipped["v0_20"]
     assert stats.events["v0_20:unsupported_at_reset"] == 1 and stats.examples == 0
+    assert cls.resets_refused == RESETS_BEFORE_SKIP  # skipped at the bound, not after Hypothesis gives up
     run_machine(cls, profile_settings("dev", max_examples=5, database=None), seed=2)  # not run again
     assert stats.events["v0_20:unsupported_at_reset"] == 1
 

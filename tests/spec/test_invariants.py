@@ -10,7 +10,7 @@ from spec.config import full_attention, sliding_window
 from spec.events import BlockStored
 from spec.invariants import SPEC_INVARIANTS, StepContext, check_invariants, check_step
 from spec.releases.line import FREE_ORDER_0_20
-from spec.request import append_output_token_ids, make_request
+from spec.request import append_output_token_ids, make_request, recompute_block_hashes
 from spec.state import GroupState, KVCacheManagerState
 from spec.types import BlockHash, BlockId, GroupId
 
@@ -215,3 +215,29 @@ def test_every_step_invariant_has_a_teeth_case():
 def test_each_step_invariant_catches_its_violation(name):
     found = check_step(STEP_CASES[name])
     assert name in names(found), f"{name} missed its violation; reported {found}"
+
+
+# --- the hash recomputation behind hash_chain ---------------------------------------------------------
+
+
+def test_a_known_recomputation_is_extended_only_from_the_same_tokens():
+    cfg = config([full_attention(4)], 12)
+    r = make_request("a", list(range(9)), cfg)
+    grown = append_output_token_ids(r, [1, 2, 3, 4, 5, 6, 7])
+    known = (r, recompute_block_hashes(r, cfg.profile))
+    assert recompute_block_hashes(grown, cfg.profile, known) == recompute_block_hashes(grown, cfg.profile)
+    known = (grown, recompute_block_hashes(grown, cfg.profile))
+    other = append_output_token_ids(r, [8, 8, 8, 8, 8, 8, 8, 8])  # the same prompt, other outputs
+    assert recompute_block_hashes(other, cfg.profile, known) == recompute_block_hashes(other, cfg.profile)
+    assert recompute_block_hashes(other, cfg.profile)[2] != known[1][2]
+
+
+def test_hash_chain_checks_a_grown_request_against_its_tokens_not_its_last_version():
+    s, reqs, log = scenario()
+    assert check_invariants(s, reqs, event_log=log) == []  # remembers a's recomputation
+    a = append_output_token_ids(reqs["a"], [5, 6, 7, 8, 9, 10, 11])
+    assert "hash_chain" not in names(check_invariants(s, {**reqs, "a": a}, event_log=log))
+    forged = replace(a, block_hashes=a.block_hashes[:-1] + (BlockHash(bytes(32)),))  # a wrong new hash
+    assert "hash_chain" in names(check_invariants(s, {**reqs, "a": forged}, event_log=log))
+    rewritten = replace(a, output_token_ids=(0,) + a.output_token_ids[1:])  # an earlier token changed
+    assert "hash_chain" in names(check_invariants(s, {**reqs, "a": rewritten}, event_log=log))
