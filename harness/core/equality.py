@@ -77,6 +77,8 @@ class ObsDiff:
 def observation_differences(ref: Observation, tgt: Observation, limit: int = 8) -> list[ObsDiff]:
     """The fields in which two observations differ, each naming the blocks and requests involved:
     one comparison per observable, in ``OBSERVABLES`` order (none after a different group count)."""
+    if ref == tgt:  # every field equal (in C): no observable can differ
+        return []
     if len(ref.tables) != len(tgt.tables):
         return [ObsDiff("tables", f"{len(ref.tables)} groups expected, {len(tgt.tables)} observed")]
     return [d for compare in OBSERVABLES for d in compare(ref, tgt)][:limit]

@@ -7,10 +7,11 @@ reading of the rules, written from docs/semantics.md rather than from the operat
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spec.config import KVCacheConfig
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
+from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from spec.hashing import get_published_hash
 from spec.invariants.registry import SPEC_INVARIANTS, StateContext
 from spec.releases.profile import Profile
@@ -401,16 +402,7 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
     hash of a concatenated key)."""
     if not c.config.enable_kv_cache_events or c.event_log is None:
         return None
-    counts: Counter[BlockKey] = Counter()
-    for e in list(c.event_log) + list(c.state.pool.events):
-        if isinstance(e, AllBlocksCleared):
-            counts.clear()
-        elif isinstance(e, BlockStored):
-            for h in e.block_hashes:
-                counts[make_block_key(h, e.group_id)] += 1
-        elif isinstance(e, BlockRemoved):
-            for h in e.block_hashes:
-                counts[make_block_key(h, e.group_id)] -= 1
+    counts = _replay(c.state.pool.events, Counter(_taken_counts(c.event_log)))
     replayed = {k: n for k, n in counts.items() if n != 0}
     actual: Counter[BlockKey] = Counter()
     for k, v in c.state.pool.cached.items():
@@ -423,6 +415,39 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
             f"({len(missing)} unannounced, {len(extra)} stale)"
         )
     return None
+
+
+def _replay(events: Iterable[Event], counts: Counter[BlockKey]) -> Counter[BlockKey]:
+    """``counts`` moved by ``events``: each key stored +1, removed -1, a clear empties all."""
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            counts.clear()
+        elif isinstance(e, BlockStored):
+            for h in e.block_hashes:
+                counts[make_block_key(h, e.group_id)] += 1
+        elif isinstance(e, BlockRemoved):
+            for h in e.block_hashes:
+                counts[make_block_key(h, e.group_id)] -= 1
+    return counts
+
+
+_TAKEN: dict[int, tuple[Sequence[Event], int, Event | None, Counter[BlockKey]]] = {}
+
+
+def _taken_counts(log: Sequence[Event]) -> Counter[BlockKey]:
+    """The replay of a log of taken events, memoised by the log's identity: a log that only grew
+    since (same object, its last replayed event still in place) replays only its new events.
+    Callers append to their log (``harness.check.lockstep``), so a run costs O(events), not
+    O(events squared)."""
+    memo = _TAKEN.get(id(log))
+    if memo is not None and memo[0] is log and len(log) >= memo[1] and (memo[1] == 0 or log[memo[1] - 1] is memo[2]):
+        counts = _replay(log[memo[1] :], memo[3])
+    else:
+        counts = _replay(log, Counter())
+    if len(_TAKEN) > 64:
+        _TAKEN.clear()
+    _TAKEN[id(log)] = (log, len(log), log[-1] if log else None, counts)  # holds log: its id is not reused meanwhile
+    return counts
 
 
 def _short(key: bytes | None) -> str:

@@ -241,3 +241,15 @@ def test_hash_chain_checks_a_grown_request_against_its_tokens_not_its_last_versi
     assert "hash_chain" in names(check_invariants(s, {**reqs, "a": forged}, event_log=log))
     rewritten = replace(a, output_token_ids=(0,) + a.output_token_ids[1:])  # an earlier token changed
     assert "hash_chain" in names(check_invariants(s, {**reqs, "a": rewritten}, event_log=log))
+
+
+def test_events_replay_follows_a_growing_log_and_notices_a_rewritten_one():
+    s, reqs, log = scenario()
+    assert check_invariants(s, reqs, event_log=log) == []  # remembers the replay of this log
+    bogus = BlockStored((BlockHash(b"y" * 32),), None, (), 4, GroupId(0))
+    log.append(bogus)  # the same list, grown by an event no block backs
+    assert "events_rebuild_hash_map" in names(check_invariants(s, reqs, event_log=log))
+    log.pop()
+    assert check_invariants(s, reqs, event_log=log) == []
+    log[-1] = bogus  # the last replayed event replaced in place
+    assert "events_rebuild_hash_map" in names(check_invariants(s, reqs, event_log=log))
