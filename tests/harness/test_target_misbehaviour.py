@@ -91,7 +91,7 @@ def _with(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
 OUTCOME_CASES: dict[str, tuple[type, Callable[[Any], Any], str]] = {
     # name: (operation kind, corruption, a piece of the expected message)
     "hit-a-string": (O.GetComputedBlocks, lambda out: "no hits", "expected a dict, got 'no hits'"),
-    "hit-float-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=0.0), 'outcome.num_hit_tokens: expected an int'),
+    "hit-float-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=0.0), "outcome.num_hit_tokens: expected an int"),
     "hit-bool-tokens": (O.GetComputedBlocks, _with(num_hit_tokens=False), "expected an int, got False"),
     "hit-missing-key": (O.GetComputedBlocks, _drop("num_hit_tokens"), "missing ['num_hit_tokens']"),
     "hit-extra-group": (O.GetComputedBlocks, _with(block_ids=[[], []]), "one per group (length 1, not 2)"),
@@ -127,6 +127,12 @@ OBSERVATION_CASES: dict[str, tuple[Callable[[Observation], Any], str]] = {
     "str-hash": (_obs_with(request_block_hashes={"r1": ("00",)}), "request_block_hashes['r1'][0]: expected a bytes"),
     "free-id-range": (_obs_with(free_queue=(1, 99)), "free_queue[1]: expected a block id in [0, 16), got 99"),
     "set-secondary": (_obs_with(secondary_keys={1: {b"k"}}), "secondary_keys[1]: expected a frozenset"),
+    # equal in value to a well-formed observation: only the exact types tell them apart
+    "bool-ref-cnt": (
+        lambda obs: dataclasses.replace(obs, ref_cnt=(False, *obs.ref_cnt[1:])),
+        "ref_cnt[0]: expected an int",
+    ),
+    "float-cached-count": (_obs_with(num_cached_block=({"r1": 0.0},)), "num_cached_block[0]['r1']: expected an int"),
 }
 
 
