@@ -45,6 +45,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         self.last_call: tuple[Any, str, dict[str, Any], Any, Any] | None = None
         # Manager calls shared with another spec target making the same ones (``harness.targets.spec_journal``).
         self.journal: SpecJournal | None = None
+        self._group_memo: dict[int, tuple[Any, dict[str, tuple[int, ...]], dict[str, int]]] = {}  # observe()
 
     @property
     def version(self) -> str:
@@ -199,9 +200,10 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         """The one function that reads the spec state (it already speaks the vocabulary)."""
         s = self.state
         pool = s.pool
+        groups = self._observed_groups(s.groups)
         return Observation(
-            tables=tuple({str(r): tuple(map(int, t)) for r, t in g.req_to_blocks.items()} for g in s.groups),
-            num_cached_block=tuple({str(r): int(n) for r, n in g.num_cached_block.items()} for g in s.groups),
+            tables=tuple(tables for _, tables, _ in groups),
+            num_cached_block=tuple(cached for _, _, cached in groups),
             # The pool's per-block fields hold plain ints and bytes already (``NewType`` is free at
             # run time): shared, not copied (small pools' tuples, large pools' persistent containers).
             ref_cnt=pool.ref_cnt if not pool.ref_cnt or pool.ref_cnt[0] == 0 else (0, *pool.ref_cnt[1:]),
@@ -212,3 +214,17 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             block_key_tokens=pool.block_key_tokens,
             secondary_keys={int(b): frozenset(keys) for b, keys in pool.secondary_keys.items() if keys},
         )
+
+    def _observed_groups(self, groups: Sequence[Any]) -> list[tuple[Any, dict[str, tuple[int, ...]], dict[str, int]]]:
+        """Each group with its tables and cached counts as an observation holds them (read-only
+        values), converted once per group: a state's groups are immutable, so an operation that
+        leaves a group alone (every request operation) leaves the same object, read from the memo."""
+        memo, out = self._group_memo, []
+        for g in groups:
+            seen = memo.get(id(g))
+            if seen is None or seen[0] is not g:
+                tables = {str(r): tuple(map(int, t)) for r, t in g.req_to_blocks.items()}
+                seen = (g, tables, {str(r): int(n) for r, n in g.num_cached_block.items()})
+            out.append(seen)
+        self._group_memo = {id(g): seen for g, seen in zip(groups, out, strict=True)}
+        return out
