@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, NoReturn, TypeVar
 
 from harness.check.finding import Finding, FindingError
+from harness.check.glimpsing import glimpses
 from harness.check.guard import Call, guarded_call, malformed
 from harness.check.memory_guard import MemoryGuard, bound_from_env
 from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
@@ -32,8 +33,8 @@ from harness.check.unchanged import LastInputs
 from harness.check.witness import Step, outcome_blocks, state_finding
 from harness.core import ops as O
 from harness.core.equality import ObsDiff, get_relation, observation_differences, outcome_difference
-from harness.core.glimpse import Glimpse, block_keys, glimpse_differences, glimpse_to_json, has_glimpse, touched_blocks
 from harness.core.glimpse import full_check_every as get_full_check_every
+from harness.core.glimpse import glimpse_differences, glimpse_to_json, has_glimpse
 from harness.core.observation import Observation
 from harness.core.ops_json import op_to_json
 from harness.ledger.checker import LedgerChecker
@@ -267,7 +268,7 @@ class Lockstep:
         equals the target's on everything this step touched, and the next full check compares
         the rest."""
         assert self.ref is not None
-        ref, tgt = self._glimpses(s)
+        ref, tgt = glimpses(self.ref, self.target, s, self.step_timeout)  # harness.check.glimpsing
         before_ref = self.ref_obs
         self.ref_obs = self.ref.observe()
         self.tgt_obs, self.tgt_obs_is_spec = self.ref_obs, True
@@ -279,33 +280,6 @@ class Lockstep:
         if self.check_spec_invariants:
             self._check_spec_invariants(s, before_ref, None, state=False)
         self._check_ledger(s, before_ref)
-
-    def _glimpses(self, s: Step) -> tuple[Glimpse, Glimpse]:
-        """The spec's and the target's glimpses of what the operation touched: the blocks it
-        changed or returned and their keys, widened by what the target's first glimpse shows."""
-        assert self.ref is not None
-        rid = str(getattr(s.op, "request_id", ""))
-        # A request operation (arrival, appended tokens) makes no manager call: no state before it.
-        before_state = self.ref.state if self.ref.last_call is None else self.ref.last_call[0]
-        blocks = touched_blocks(before_state, self.ref.state, rid) | outcome_blocks(s.expected, s.actual)
-        keys = block_keys(before_state, blocks) | block_keys(self.ref.state, blocks)
-        tgt = self._target_glimpse(s, rid, blocks, keys)
-        more_blocks = blocks | set(tgt.blocks)
-        more_keys = keys | tgt.block_keys() | block_keys(self.ref.state, more_blocks - blocks)
-        if more_blocks != blocks or more_keys != keys:
-            tgt = self._target_glimpse(s, rid, more_blocks, more_keys)
-        return self.ref.glimpse([rid], more_blocks, more_keys), tgt
-
-    def _target_glimpse(self, s: Step, rid: str, blocks: set[int], keys: set[bytes]) -> Glimpse:
-        """The target's glimpse (``harness.core.glimpse``), read like ``observe()``."""
-        glimpse = getattr(self.target, "glimpse", None)
-        assert callable(glimpse), "glimpse checks need a target with glimpse()"
-        out = guarded_call(Call("glimpse()", s.i, s.op), self.step_timeout, glimpse, [rid], blocks, keys)
-        if not isinstance(out, Glimpse):
-            got = S.short_repr(out)
-            bad = S.Malformed("glimpse()", "a Glimpse", got)
-            raise malformed(Call("glimpse()", s.i, s.op), "a harness.core.glimpse.Glimpse", bad, got)
-        return out
 
     # --- the target's reads, its memory, the spec's invariants and the KV ledger ---------------
 

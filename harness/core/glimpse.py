@@ -113,6 +113,12 @@ def build_glimpse(
     )
 
 
+def hashes_glimpse(rid: str, hashes: tuple[bytes, ...] | None) -> Glimpse:
+    """The glimpse of a request operation (no manager call): the request's block hashes, nothing
+    of the manager (``harness.check.glimpsing``)."""
+    return Glimpse((), (), {rid: hashes}, {}, {}, 0, (), (), 0)
+
+
 def _tuple_or_none(t: Sequence[int] | None) -> tuple[int, ...] | None:
     return None if t is None else tuple(t)
 
@@ -183,6 +189,8 @@ def check_full_check_every_env() -> None:
 
 def glimpse_differences(ref: Glimpse, tgt: Glimpse, limit: int = 8) -> list[ObsDiff]:
     """The fields in which two glimpses differ, each naming the blocks and requests involved."""
+    if ref == tgt:  # every field equal (the usual case): nothing below would differ
+        return []
     out: list[ObsDiff] = []
     for g, (rt, tt) in enumerate(zip(ref.tables, tgt.tables, strict=False)):
         for rid in sorted(set(rt) | set(tt)):
@@ -278,6 +286,7 @@ __all__ = [
     "glimpse_differences",
     "glimpse_to_json",
     "has_glimpse",
+    "hashes_glimpse",
     "parse_full_check_every",
     "touched_blocks",
 ]

@@ -209,17 +209,18 @@ class LedgerEvents:
         writes: bool = False,
     ) -> list[SlotAccess]:
         obs = self._obs()
-        table = obs.tables[g].get(r.rid, ())
-        bs = spec.block_size
-        promised = {pub.block for pub, _ in self.promised.get(r.rid, ())}
+        rid, ledger, before = r.rid, self.ledger, self.before or obs
+        table = obs.tables[g].get(rid, ())
+        bs, size = spec.block_size, len(table)
+        promised = {pub.block for pub, _ in self.promised.get(rid, ())}
+        reader = None if run is None or writes else run.start  # the first reader: see LedgerChecker._finding
         out = []
         for p in positions:
-            i = p // bs
-            b = table[i] if i < len(table) else None
-            held = get_held(self.ledger, BlockId(b), p % bs) if b else None
-            shared = bool(writes and b and b not in promised and self._is_shared(self.before or obs, b, p))
-            token = p if run is None or writes else run.start  # the first reader: see LedgerChecker._finding
-            out.append(SlotAccess(r.rid, g, p, token, b, p % bs, ids[p], held, shared))
+            i, offset = divmod(p, bs)
+            b = table[i] if i < size else None
+            held = get_held(ledger, BlockId(b), offset) if b else None
+            shared = bool(writes and b and b not in promised and self._is_shared(before, b, p))
+            out.append(SlotAccess(rid, g, p, p if reader is None else reader, b, offset, ids[p], held, shared))
         return out
 
     @staticmethod

@@ -192,10 +192,6 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
                 b = pool.prev[b]
             return tuple(head), tuple(reversed(tail))
 
-        def hashes(rid: str) -> tuple[bytes, ...] | None:
-            r = self.book.native.get(rid)
-            return None if r is None else tuple(r.block_hashes)
-
         view = GlimpseView(
             tables=[g.tables for g in m.managers],
             num_cached=[g.num_cached for g in m.managers],
@@ -204,9 +200,14 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             num_free=pool.num_free,
             free_ends=free_ends,
             num_cached_keys=len(pool.cached),
-            hashes=hashes,
+            hashes=self.glimpse_hashes,
         )
         return build_glimpse(view, requests, blocks, keys)
+
+    def glimpse_hashes(self, request_id: str) -> tuple[bytes, ...] | None:
+        """A request's block hashes, as ``glimpse`` reads them (``harness.check.glimpsing``)."""
+        r = self.book.native.get(request_id)
+        return None if r is None else tuple(r.block_hashes)
 
 
 def _to_spec_event(e: alloc.Stored | alloc.Removed | alloc.Cleared) -> Event:

@@ -19,6 +19,7 @@ from harness.core.book import BookRequest
 from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
 from harness.core.observation import Observation
 from harness.targets.adapter import ManagerAdapter
+from harness.targets.spec_journal import SpecJournal
 from spec import kv_cache_manager as kvm
 from spec import request as rq
 from spec.config import KVCacheConfig
@@ -26,6 +27,8 @@ from spec.events import Event
 from spec.hashing import MMFeature
 from spec.persistent import PMap
 from spec.types import TokenCount
+
+_NO_KEYS: frozenset[bytes] = frozenset()
 
 
 class SpecTarget(ManagerAdapter[rq.Request]):
@@ -40,6 +43,9 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         # The last manager call in spec terms, for ``spec.invariants.check_step``:
         # (state before, operation name, keyword arguments, native outcome, request or None).
         self.last_call: tuple[Any, str, dict[str, Any], Any, Any] | None = None
+        # Manager calls shared with another spec target making the same ones (``harness.targets.spec_journal``).
+        self.journal: SpecJournal | None = None
+        self._group_memo: dict[int, tuple[Any, dict[str, tuple[int, ...]], dict[str, int]]] = {}  # observe()
 
     @property
     def version(self) -> str:
@@ -63,10 +69,15 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         """Run ``fn(state, *fn_args, **fn_kwargs)`` (returning a state, or a state and an outcome)
         and record the call for the step invariants."""
         before = self.state
-        result = fn(before, *fn_args, **fn_kwargs)
+        result = self._spec(fn, *fn_args, **fn_kwargs)
         self.state, outcome = result if isinstance(result, tuple) else (result, None)
         self.last_call = (before, name, args, outcome, request)
         return outcome
+
+    def _spec(self, fn: Any, *fn_args: Any, **fn_kwargs: Any) -> Any:
+        """``fn(state, *fn_args, **fn_kwargs)``, through the journal when one is shared."""
+        j = self.journal
+        return fn(self.state, *fn_args, **fn_kwargs) if j is None else j.call(fn, self.state, *fn_args, **fn_kwargs)
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -107,7 +118,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
     # --- manager calls -------------------------------------------------------------------------
 
     def get_computed_blocks(self, native: rq.Request) -> tuple[Any, list[list[int]], int]:
-        hit = kvm.get_computed_blocks(self.state, native)
+        hit = self._spec(kvm.get_computed_blocks, native)
         self.last_call = (self.state, "get_computed_blocks", {"request_id": native.request_id}, hit, native)
         return hit, [list(g) for g in hit.blocks], int(hit.num_hit_tokens)
 
@@ -147,11 +158,8 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
         def facts(b: int) -> BlockFacts:
             ref = 0 if b == 0 else pool.ref_cnt[b]
-            return ref, pool.block_key[b], pool.block_key_tokens[b], frozenset(pool.secondary_keys.get(b, ()))
-
-        def hashes(rid: str) -> tuple[bytes, ...] | None:
-            r = self.requests.get(rid)
-            return None if r is None else r.block_hashes
+            held = pool.secondary_keys.get(b)
+            return ref, pool.block_key[b], pool.block_key_tokens[b], frozenset(held) if held else _NO_KEYS
 
         fq = pool.free_queue
         view = GlimpseView(
@@ -162,9 +170,14 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             num_free=len(fq),
             free_ends=lambda k: (fq[:k], fq[-k:] if fq else ()),  # a LinkedQueue reads only the ends
             num_cached_keys=len(pool.cached),
-            hashes=hashes,
+            hashes=self.glimpse_hashes,
         )
         return build_glimpse(view, requests, blocks, keys)
+
+    def glimpse_hashes(self, request_id: str) -> tuple[bytes, ...] | None:
+        """A request's block hashes, as ``glimpse`` reads them (``harness.check.glimpsing``)."""
+        r = self.requests.get(request_id)
+        return None if r is None else r.block_hashes
 
     def load_reservation(self, pending: Sequence[tuple[str, int, int]], step_tokens: int) -> int:
         """The blocks vLLM 0.33's scheduler sets aside when it admits an asynchronous load
@@ -187,9 +200,10 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         """The one function that reads the spec state (it already speaks the vocabulary)."""
         s = self.state
         pool = s.pool
+        groups = self._observed_groups(s.groups)
         return Observation(
-            tables=tuple({str(r): tuple(int(b) for b in t) for r, t in g.req_to_blocks.items()} for g in s.groups),
-            num_cached_block=tuple({str(r): int(n) for r, n in g.num_cached_block.items()} for g in s.groups),
+            tables=tuple(tables for _, tables, _ in groups),
+            num_cached_block=tuple(cached for _, _, cached in groups),
             # The pool's per-block fields hold plain ints and bytes already (``NewType`` is free at
             # run time): shared, not copied (small pools' tuples, large pools' persistent containers).
             ref_cnt=pool.ref_cnt if not pool.ref_cnt or pool.ref_cnt[0] == 0 else (0, *pool.ref_cnt[1:]),
@@ -200,3 +214,17 @@ class SpecTarget(ManagerAdapter[rq.Request]):
             block_key_tokens=pool.block_key_tokens,
             secondary_keys={int(b): frozenset(keys) for b, keys in pool.secondary_keys.items() if keys},
         )
+
+    def _observed_groups(self, groups: Sequence[Any]) -> list[tuple[Any, dict[str, tuple[int, ...]], dict[str, int]]]:
+        """Each group with its tables and cached counts as an observation holds them (read-only
+        values), converted once per group: a state's groups are immutable, so an operation that
+        leaves a group alone (every request operation) leaves the same object, read from the memo."""
+        memo, out = self._group_memo, []
+        for g in groups:
+            seen = memo.get(id(g))
+            if seen is None or seen[0] is not g:
+                tables = {str(r): tuple(map(int, t)) for r, t in g.req_to_blocks.items()}
+                seen = (g, tables, {str(r): int(n) for r, n in g.num_cached_block.items()})
+            out.append(seen)
+        self._group_memo = {id(g): seen for g, seen in zip(groups, out, strict=True)}
+        return out

@@ -373,7 +373,7 @@ class VllmTarget(ManagerAdapter[Any]):
     def glimpse(self, requests: Sequence[str], blocks: Collection[int], keys: Collection[bytes]) -> Glimpse:
         """The part of the manager's state one operation of ``requests`` can change
         (``harness.core.glimpse``), read without walking the pool or the free list."""
-        return glimpse_manager(self._built("glimpse"), self._reader, self._hashes_of, requests, blocks, keys)
+        return glimpse_manager(self._built("glimpse"), self._reader, self.glimpse_hashes, requests, blocks, keys)
 
     def _built(self, what: str) -> Any:
         """The manager, once ``reset`` built it."""
@@ -381,8 +381,9 @@ class VllmTarget(ManagerAdapter[Any]):
             raise ValueError(f"VllmTarget.{what} called before reset(config)")
         return self._manager
 
-    def _hashes_of(self, rid: str) -> tuple[bytes, ...] | None:
-        """The observed block hashes of a request in the book, None for an unknown one."""
+    def glimpse_hashes(self, rid: str) -> tuple[bytes, ...] | None:
+        """The observed block hashes of a request in the book, None for an unknown one (``glimpse``
+        reads them; ``harness.check.glimpsing`` alone, after a request operation)."""
         r = self.book.native.get(rid)
         return None if r is None else self._observed_hashes(rid, r)
 

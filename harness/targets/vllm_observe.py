@@ -112,7 +112,8 @@ def glimpse_manager(
     def facts(b: int) -> BlockFacts:
         blk = pool.blocks[b]
         key = block_key(blk)
-        secondary = frozenset(bytes(k) for k in by_block.get(b, ()))
+        held = by_block.get(b)
+        secondary = frozenset(bytes(k) for k in held) if held else _NO_KEYS
         ref = 0 if b == null_id else blk.ref_cnt
         return ref, None if key is None else bytes(key), block_key_tokens(blk), secondary
 
@@ -133,6 +134,7 @@ def glimpse_manager(
 
 
 _REF_CNT = attrgetter("ref_cnt")
+_NO_KEYS: frozenset[bytes] = frozenset()
 
 
 def _free_queue_ids(queue: Any) -> tuple[int, ...]:

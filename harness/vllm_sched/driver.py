@@ -23,6 +23,7 @@ from math import lcm
 from typing import Any
 
 from harness.check.finding import Finding, FindingError
+from harness.targets.spec_journal import SpecJournal
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
 from harness.vllm_sched.mirror import ModelMirror, WorldStep
 from harness.vllm_sched.proxy import install
@@ -343,16 +344,21 @@ def run_one(
     proxy = install(sched, sink)
     driver = Driver(sched, spec_config, knobs, ch, on_phase=sink.set_phase if agreement else None)
     driver.checks = WorldChecks(sink, world_facts, conservation)
-    mirror = ModelMirror(spec_config, knobs) if agreement else None
+    ref, journal = sink.lockstep.ref, SpecJournal()  # the spec calls the model's spec shares with the reference
+    mirror = ModelMirror(spec_config, knobs, journal if ref is not None else None) if agreement else None
+    if mirror is not None and ref is not None:
+        ref.journal = journal
     t = time.perf_counter()
     try:
         while res.engine_steps < max_engine_steps and len(sink.steps) < max_ops:
             if (deadline is not None and time.monotonic() > deadline) or (stop is not None and stop()):
                 break
             sink.calls.clear()
+            journal.clear()
+            start = None if ref is None else ref.state
             driver.step()
             if mirror is not None and driver.world:
-                diff = mirror.step(driver.world.pop(), sink.calls)
+                diff = mirror.step(driver.world.pop(), sink.calls, start)
                 if diff is not None:
                     raise FindingError(agreement_finding(diff, res.engine_steps, len(sink.steps)))
             res.engine_steps += 1

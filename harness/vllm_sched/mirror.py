@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from harness.core import ops as O
 from harness.core.ops_json import op_to_json
 from harness.targets.spec import SpecTarget
+from harness.targets.spec_journal import SpecJournal
 from harness.vllm_sched.build import SchedKnobs
 from harness.world.records import SchedConfig
 from harness.world.scheduler import Scheduler
@@ -225,9 +226,10 @@ def _show(ops: Sequence[O.Op]) -> str:
 class ModelMirror:
     """kvspec's scheduler model on its own spec, fed the real run's engine steps one by one."""
 
-    def __init__(self, config: KVCacheConfig, knobs: SchedKnobs) -> None:
+    def __init__(self, config: KVCacheConfig, knobs: SchedKnobs, journal: SpecJournal | None = None) -> None:
         self.target = SpecTarget()
         self.target.reset(config)
+        self.target.journal = journal  # shared with the lockstep's reference (harness.targets.spec_journal)
         self.calls: list[Call] = []
         self.phase = ["world"]
         self.answers = WorldAnswers(knobs)
@@ -246,10 +248,14 @@ class ModelMirror:
                 self.answers.hits[op.request_id] = out["num_hit_tokens"]
         return out
 
-    def step(self, step: WorldStep, real: list[Call]) -> Difference | None:
+    def step(self, step: WorldStep, real: list[Call], start: Any = None) -> Difference | None:
         """Replay one engine step on the model: None when its calls relate to ``real``'s, else the
-        first difference (a step the model cannot replay is one too)."""
+        first difference (a step the model cannot replay is one too).  ``start``: the real run's
+        spec state at the step's start; the model's own, when equal, is replaced by it (the same
+        value), so that its calls find the reference's in the journal."""
         self.calls.clear()
+        if start is not None and self.target.state is not start and self.target.state == start:
+            self.target.state = start
         try:
             _model_step(self.model, self.answers, step, real, self._emit, self.phase)
             diff = compare_step(real, self.calls)

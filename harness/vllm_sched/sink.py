@@ -42,6 +42,9 @@ class PassiveVllmTarget(VllmTarget):
         self._lora_ids = {}
         self._hash_by_low64 = {}
         self._hash_memo = {}
+        self._hash_block_size = int(config.hash_block_size)
+        # rid -> (hashes kept, the list's length, its last hash, the hashes kept)
+        self._memo: dict[str, tuple[int, int, Any, tuple[bytes, ...]]] = {}
         self._none_hash = kv_cache_utils.NONE_HASH
 
     def _result(self) -> Any:
@@ -85,9 +88,18 @@ class PassiveVllmTarget(VllmTarget):
         """The request's block hashes as of its last synchronisation: the real scheduler may have
         appended tokens since (they reach the spec at the request's next manager call), and vLLM
         only ever appends hashes, so the first ``num_tokens // hash_block_size`` are those."""
-        assert self.config is not None
-        n = self.book.get(rid).num_tokens // int(self.config.hash_block_size) if request.block_hashes else 0
-        return tuple(request.block_hashes[:n])
+        hashes = request.block_hashes
+        if not hashes:
+            return ()
+        n, size, last = self.book.requests[rid].num_tokens // self._hash_block_size, len(hashes), hashes[-1]
+        # Re-read only when the list changed (as ``VllmTarget._observed_hashes``: an unchanged length
+        # and an identical last element mean an unchanged list) or the synchronised count moved.
+        memo = self._memo.get(rid)
+        if memo is not None and memo[0] == n and memo[1] == size and memo[2] is last:
+            return memo[3]
+        observed = tuple(hashes[:n])
+        self._memo[rid] = (n, size, last, observed)
+        return observed
 
 
 FULL_CHECK_EVERY = 1 << 20

@@ -139,6 +139,61 @@ def test_the_end_of_run_check_catches_a_late_change(runs):
     assert e.value.finding.step == len(ops) - 1
 
 
+class _HashBug(SpecTarget):
+    """The spec whose ``at``-th operation, an ``AddRequest``, loses the request's last block hash."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.n = at, 0
+
+    def apply(self, op: O.Op) -> Any:
+        out = super().apply(op)
+        self.n += 1
+        if self.n == self.at:
+            assert isinstance(op, O.AddRequest)
+            r = self.book.native[op.request_id]
+            self.book.native[op.request_id] = dataclasses.replace(r, block_hashes=r.block_hashes[:-1])
+        return out
+
+
+def _first_hashed_arrival(config: KVCacheConfig, ops: list[O.Op]) -> int:
+    """The index (1-based) of the first ``AddRequest`` whose prompt fills a hash block."""
+    for i, op in enumerate(ops, 1):
+        if isinstance(op, O.AddRequest) and len(op.prompt_token_ids) >= int(config.hash_block_size):
+            return i
+    raise AssertionError("no arrival fills a hash block")
+
+
+def test_a_request_operation_glimpse_catches_wrong_hashes_at_its_step(runs):
+    """A request operation is glimpsed through its block hashes alone (``harness.check.glimpsing``):
+    a wrong hash is still found at the operation itself."""
+    config, ops = runs[1024]
+    at = _first_hashed_arrival(config, ops)
+    with pytest.raises(FindingError) as e:
+        _replay(config, ops, _HashBug(at), every=50)
+    f = e.value.finding
+    assert f.kind == "divergence" and f.step == at - 1 and "block hashes" in f.message
+    assert "spec_glimpse" in f.witness
+
+
+def test_a_pool_change_during_a_request_operation_is_caught_within_a_cadence(runs):
+    """What a request operation's glimpse no longer reads (the front of the free queue, here) is
+    found by the next glimpse that reads it or the next full check."""
+    config, ops = runs[1024]
+    at = _first_hashed_arrival(config, ops)
+    spec = SpecTarget()
+    spec.reset(config)
+    for op in ops[:at]:
+        spec.apply(op)
+    front = spec.state.pool.free_queue[0]
+    with pytest.raises(FindingError) as e:
+        _replay(config, ops, _Bug(at, front), every=10)
+    f = e.value.finding
+    assert f.kind == "divergence" and front in f.blocks
+    assert f.step is not None and at - 1 < f.step
+    assert sum(O.changes_observation(op) for op in ops[at : f.step + 1]) <= 10  # within one cadence
+
+
 # The two slowest to catch (tens of seconds each) run in the full tier; tests/mutants runs them always.
 FULL_TIER_ONLY = {"cache_drafts", "hits_not_touched"}
 

@@ -18,6 +18,7 @@ from harness.vllm_sched.agreement import compare_run, main  # noqa: E402
 from harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
 from harness.vllm_sched.fuzz import run_seed  # noqa: E402
 from harness.vllm_sched.mirror import compare_step  # noqa: E402
+from tests.vllm_sched.model_bugs import forget_frees_on_preemption  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -34,16 +35,7 @@ def test_model_makes_the_real_schedulers_manager_calls(family: str) -> None:
 
 
 def test_a_model_that_forgets_to_free_on_preemption_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    def preempt_without_free(self: Scheduler, r: object) -> None:
-        emit = self.emit
-        self.emit = lambda op: None if isinstance(op, O.Free) else emit(op)  # type: ignore[method-assign]
-        try:
-            original(self, r)
-        finally:
-            self.emit = emit  # type: ignore[method-assign]
-
-    original = Scheduler.preempt
-    monkeypatch.setattr(Scheduler, "preempt", preempt_without_free)
+    forget_frees_on_preemption(monkeypatch)
     found = [compare_run("full", run_seed(0, i), max_engine_steps=120) for i in range(6)]
     differing = [r for r in found if r.difference is not None]
     assert differing, "six runs of small pools and no preemption at all?"
