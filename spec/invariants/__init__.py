@@ -13,7 +13,8 @@ naming the witness when it does not.  Two kinds:
 each carrying the predicate's name, so the harness can stop with ``"§9.5 ref_count_equals_references:
 block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``SPEC_INVARIANTS``, in ``registry``) is
 filled by importing the two predicate modules below, state first: that order is the report order.
-``docs/invariants.md`` is the registry as a table (``render_invariant_table``).
+``docs/invariants.md`` is the registry as a table (``render_invariant_table``).  ``memo`` keeps what two
+state predicates would otherwise redo at every check (hash recomputations, the event replay).
 """
 
 from __future__ import annotations

@@ -7,18 +7,13 @@ reading of the rules, written from docs/semantics.md rather than from the operat
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Any
 
 from spec.config import KVCacheConfig
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from spec.hashing import get_published_hash
+from spec.invariants.memo import recompute_hashes, replay, taken_counts
 from spec.invariants.registry import SPEC_INVARIANTS, StateContext
-from spec.releases.profile import Profile
-from spec.request import Request, recompute_block_hashes
 from spec.types import (
     NULL_BLOCK_ID,
-    BlockHash,
     BlockId,
     BlockKey,
     GroupId,
@@ -295,34 +290,9 @@ def hash_chain(c: StateContext) -> str | None:
         expected_len = req.num_tokens // hbs if c.config.enable_caching else 0
         if len(req.block_hashes) != expected_len:
             return f"request {rid!r} has {len(req.block_hashes)} block hashes, expected {expected_len}"
-        if expected_len and _recompute_hashes(req, c.config.profile) != req.block_hashes:
+        if expected_len and recompute_hashes(req, c.config.profile) != req.block_hashes:
             return f"request {rid!r} block hashes do not match a recomputation from its tokens"
     return None
-
-
-_HASH_MEMO: dict[tuple[Any, ...], tuple[BlockHash, ...]] = {}
-_LAST: dict[str, tuple[Request, Profile, tuple[BlockHash, ...]]] = {}  # request id -> its last recomputation
-
-
-def _recompute_hashes(req: Request, profile: Profile) -> tuple[BlockHash, ...]:
-    """``recompute_block_hashes``, memoised: a request is a value, so the same object (checked after
-    every step while nothing changes it) is recomputed once, equal contents share one
-    recomputation, and a request that grew extends the recomputation of its last version (only its
-    new blocks are hashed)."""
-    last = _LAST.get(req.request_id)
-    if last is not None and last[0] is req and last[1] is profile:
-        return last[2]
-    memo_key = (req.prompt_token_ids, req.all_token_ids, req.features, req.hash_block_size, req.hash_algo, profile)
-    hashes = _HASH_MEMO.get(memo_key)
-    if hashes is None:
-        if len(_HASH_MEMO) > 4096:
-            _HASH_MEMO.clear()
-        known = (last[0], last[2]) if last is not None and last[1] is profile else None
-        hashes = _HASH_MEMO[memo_key] = recompute_block_hashes(req, profile, known)
-    if len(_LAST) > 4096:
-        _LAST.clear()
-    _LAST[req.request_id] = (req, profile, hashes)
-    return hashes
 
 
 @SPEC_INVARIANTS.register("§9.13", "state")
@@ -402,7 +372,7 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
     hash of a concatenated key)."""
     if not c.config.enable_kv_cache_events or c.event_log is None:
         return None
-    counts = _replay(c.state.pool.events, Counter(_taken_counts(c.event_log)))
+    counts = replay(c.state.pool.events, Counter(taken_counts(c.event_log)))
     replayed = {k: n for k, n in counts.items() if n != 0}
     actual: Counter[BlockKey] = Counter()
     for k, v in c.state.pool.cached.items():
@@ -415,39 +385,6 @@ def events_rebuild_hash_map(c: StateContext) -> str | None:
             f"({len(missing)} unannounced, {len(extra)} stale)"
         )
     return None
-
-
-def _replay(events: Iterable[Event], counts: Counter[BlockKey]) -> Counter[BlockKey]:
-    """``counts`` moved by ``events``: each key stored +1, removed -1, a clear empties all."""
-    for e in events:
-        if isinstance(e, AllBlocksCleared):
-            counts.clear()
-        elif isinstance(e, BlockStored):
-            for h in e.block_hashes:
-                counts[make_block_key(h, e.group_id)] += 1
-        elif isinstance(e, BlockRemoved):
-            for h in e.block_hashes:
-                counts[make_block_key(h, e.group_id)] -= 1
-    return counts
-
-
-_TAKEN: dict[int, tuple[Sequence[Event], int, Event | None, Counter[BlockKey]]] = {}
-
-
-def _taken_counts(log: Sequence[Event]) -> Counter[BlockKey]:
-    """The replay of a log of taken events, memoised by the log's identity: a log that only grew
-    since (same object, its last replayed event still in place) replays only its new events.
-    Callers append to their log (``harness.check.lockstep``), so a run costs O(events), not
-    O(events squared)."""
-    memo = _TAKEN.get(id(log))
-    if memo is not None and memo[0] is log and len(log) >= memo[1] and (memo[1] == 0 or log[memo[1] - 1] is memo[2]):
-        counts = _replay(log[memo[1] :], memo[3])
-    else:
-        counts = _replay(log, Counter())
-    if len(_TAKEN) > 64:
-        _TAKEN.clear()
-    _TAKEN[id(log)] = (log, len(log), log[-1] if log else None, counts)  # holds log: its id is not reused meanwhile
-    return counts
 
 
 def _short(key: bytes | None) -> str:
