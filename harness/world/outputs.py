@@ -13,7 +13,7 @@ already scheduled on the optimistic count, and the verified blocks are cached on
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +37,12 @@ class StepOutputs:
     changes: RequestChanges
     transfers: KVTransfers
     stops: Callable[[str, tuple[int, ...]], int | None] | None
+    kv_holding: deque[str]
 
     def finish(self, rid: str) -> None:
+        raise NotImplementedError
+
+    def abort(self, rid: str) -> None:
         raise NotImplementedError
 
     def _remove(self, rid: str) -> SReq:
@@ -136,7 +140,9 @@ class StepOutputs:
         cfg = self.cfg
         scheduled, padded = batch.scheduled, batch.padded
         running = {rid: self.reqs[rid] for rid in self.running}
-        affected, fail = self.transfers.recover_invalid_blocks(scheduled, running, self.ch)
+        waiting_for_kv = RequestStatus.WAITING_FOR_REMOTE_KVS
+        holding = {rid: self.reqs[rid] for rid in self.kv_holding if self.reqs[rid].status == waiting_for_kv}
+        affected, fail, held = self.transfers.recover_invalid_blocks(scheduled, running, self.ch, holding)
         failed = [self._remove(rid) for rid in affected] if fail else []  # failed after the output
         for rid in list(scheduled):
             r = self.reqs.get(rid)
@@ -182,3 +188,5 @@ class StepOutputs:
                     self.counts["drafts"] += 1
         for r in failed:
             self._free(r)
+        for rid in held:  # asynchronous loads failed by another load's invalid block (``fail``)
+            self.abort(rid)

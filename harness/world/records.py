@@ -54,6 +54,7 @@ class SReq(BookRequest):
 
     num_preemptions: int = 0
     recv: str | None = None  # None | "pending" | "done" | "failed"
+    load_poisoned: bool = False  # pending load holding a block another load reported invalid (fails on arrival)
     aborted: bool = False  # finished while its remote KV was still loading (free delayed)
     sync_ext_this_step: int = 0  # external tokens loaded synchronously in the current step
     num_output_placeholders: int = 0  # async: sampled tokens scheduled but not yet returned

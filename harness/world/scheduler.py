@@ -22,7 +22,9 @@ Modelled (0.33 ``schedule()`` / ``update_from_output``):
 - P/D arrival: ``cache_blocks(num_computed_tokens)`` then the ``num_tokens - 1`` cap; failed loads
   cache the valid prefix or free everything; abort while loading delays the free until arrival;
   invalid blocks of a synchronous load truncate every running request holding them (``fail``:
-  evicted, the requests failed after the output); ``harness.world.transfer``;
+  evicted, the requests failed after the output), and, scanned first, every asynchronous load still
+  waiting whose computed blocks hold them (it fails as its own failed load would);
+  ``harness.world.transfer``;
 - finishing: ``remove_skipped_blocks`` (with a connector, blocks or not) then ``free``; a stop
   drops the sampled tokens after it and gives back their computed count;
 - encoder-decoder: the admission that schedules a request's encoder inputs (``num_computed_tokens

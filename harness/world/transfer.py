@@ -62,12 +62,14 @@ class KVTransfers:
         """The worker reports ``finished_recving`` (or a failed load, ``valid_tokens`` of it valid)
         for ``r``'s asynchronous load."""
         assert r.recv == "pending"
-        if ok:
+        if ok and not r.load_poisoned:
             r.recv = "done"
             self.counts["load_ok"] += 1
-        else:
+        else:  # a poisoned load was truncated already (``_handle_invalid_blocks``): never lengthened
             r.recv = "failed"
-            self.changes.set_computed(r, valid_tokens)
+            r.load_poisoned = False
+            if not ok:
+                self.changes.set_computed(r, min(valid_tokens, r.num_computed_tokens))
             self.counts["load_failed"] += 1
 
     def truncate_failed_load(self, r: SReq, valid_tokens: int) -> None:
@@ -131,15 +133,35 @@ class KVTransfers:
     # --- invalid blocks of synchronous loads ---------------------------------------------------
 
     def recover_invalid_blocks(
-        self, scheduled: dict[str, int], running: Mapping[str, SReq], ch: Choices
-    ) -> tuple[list[str], bool]:
+        self, scheduled: dict[str, int], running: Mapping[str, SReq], ch: Choices, holding: Mapping[str, SReq]
+    ) -> tuple[list[str], bool, list[str]]:
         """The invalid blocks of this step's synchronous loads, drawn and handled: the running
-        requests affected (their output is skipped), and whether the ``fail`` policy fails them
-        after the step's output (else they recompute)."""
+        requests affected (their output is skipped), whether the ``fail`` policy fails them after
+        the step's output (else they recompute), and the asynchronous loads ``fail`` fails too
+        (``holding``: the requests in WAITING_FOR_REMOTE_KVS, in ``kv_holding_waiting`` order)."""
         invalid, recompute = self._invalid_blocks(scheduled, running, ch)
         if not invalid:
-            return [], False
-        return self._handle_invalid_blocks(invalid, recompute, scheduled, running), not recompute
+            return [], False, []
+        held = self._poison_holders(invalid, recompute, holding)
+        return self._handle_invalid_blocks(invalid, recompute, scheduled, running), not recompute, held
+
+    def _poison_holders(self, invalid: set[int], recompute: bool, holding: Mapping[str, SReq]) -> list[str]:
+        """vLLM 0.33 ``_handle_invalid_blocks`` scans the asynchronous loads first (nothing evicted):
+        one whose computed blocks (a prefix hit included) hold an invalid block is truncated at the
+        first one it is the first to hold, and fails: under ``recompute`` when its load arrives
+        (``failed_recving_kv_req_ids``: ``update_waiting_for_remote_kv`` then caches what is left
+        or frees), under ``fail`` at once (returned: finished after the step's output)."""
+        failed = self._truncate_holders(invalid, {}, holding)[0]
+        if not recompute:
+            return failed
+        for rid in failed:
+            r = holding[rid]
+            if r.recv == "pending":
+                r.load_poisoned = True
+            else:
+                r.recv = "failed"
+            self.counts["load_invalid_shared"] += 1
+        return []
 
     def _invalid_blocks(
         self, scheduled: dict[str, int], running: Mapping[str, SReq], ch: Choices
@@ -170,22 +192,19 @@ class KVTransfers:
                 recompute = ch.boolean(f"recompute_kv_load_failures:{rid}")
         return invalid, bool(recompute)
 
-    def _handle_invalid_blocks(
-        self, invalid: set[int], recompute: bool, scheduled: dict[str, int], running: Mapping[str, SReq]
-    ) -> list[str]:
-        """vLLM 0.33 ``_handle_invalid_blocks`` for running requests: every running request holding
-        an invalid block among the blocks computed before this step is affected; the first to hold
-        a block has ``num_computed_tokens`` truncated there (later holders of that block keep their
-        count before this step).  ``fail`` evicts the table from each truncation on (the scheduler
-        fails the affected requests after the step's output).  Returns the affected requests, in
-        running order (their output is skipped).  Asynchronous loads sharing such a block are not
-        modelled."""
+    def _truncate_holders(
+        self, invalid: set[int], scheduled: dict[str, int], requests: Mapping[str, SReq]
+    ) -> tuple[list[str], set[int]]:
+        """0.33 ``_update_requests_with_invalid_blocks`` over ``requests`` in order: each holding an
+        invalid block among the blocks computed before this step is affected; the first to hold a
+        block has ``num_computed_tokens`` truncated there (later holders of it keep their count
+        before this step).  Returns the affected requests and the blocks from each truncation on."""
         assert self.table is not None
         bs = self.cfg.block_size
         marked: set[int] = set()
         affected: list[str] = []
         evict: set[int] = set()
-        for rid, r in running.items():
+        for rid, r in requests.items():
             before = r.num_computed_tokens - scheduled.get(rid, 0)
             table = self.table(rid)
             hit = truncated = False
@@ -204,6 +223,19 @@ class KVTransfers:
                 if not truncated:
                     self.changes.set_computed(r, before)
                 affected.append(rid)
+        return affected, evict
+
+    def _handle_invalid_blocks(
+        self, invalid: set[int], recompute: bool, scheduled: dict[str, int], running: Mapping[str, SReq]
+    ) -> list[str]:
+        """vLLM 0.33 ``_handle_invalid_blocks`` for running requests: every running request holding
+        an invalid block among the blocks computed before this step is affected; the first to hold
+        a block has ``num_computed_tokens`` truncated there (later holders of that block keep their
+        count before this step).  ``fail`` evicts the table from each truncation on (the scheduler
+        fails the affected requests after the step's output).  Returns the affected requests, in
+        running order (their output is skipped); the asynchronous loads are scanned before
+        (``_poison_holders``)."""
+        affected, evict = self._truncate_holders(invalid, scheduled, running)
         if recompute:
             self.counts["load_invalid_recompute"] += len(affected)
         elif evict:

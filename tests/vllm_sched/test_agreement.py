@@ -100,3 +100,15 @@ def test_cli_prints_the_figure(capsys: pytest.CaptureFixture[str]) -> None:
     assert "agree whole" in out and "full " in out
     with pytest.raises(SystemExit):
         main(["--family", "nope"])
+
+
+def test_an_async_load_holding_another_loads_invalid_block_fails_as_in_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM 0.33 _handle_invalid_blocks scans the asynchronous loads before the running requests: a
+    # load still pending whose prefix hit holds a block a synchronous load reports invalid is
+    # truncated and fails on arrival.  Found by a 10-minute clean run (connector, this run seed),
+    # where the real scheduler freed the request at arrival and the model cached its blocks.
+    seed = 7557762028972791337
+    assert (res := compare_run("connector", seed, max_engine_steps=200)).difference is None, res.detail
+    monkeypatch.setattr(KVTransfers, "_poison_holders", lambda self, invalid, recompute, holding: [])
+    res = compare_run("connector", seed, max_engine_steps=200)
+    assert res.difference == "schedule: real free / model cache_blocks", res.detail
