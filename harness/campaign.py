@@ -43,12 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.mutants.record import Mutant
+    from harness.run.catalogue import CatalogueEntry
 
 from harness.check.finding import check_of
+from harness.run.exits import EXIT_FOUND as EXIT_SURVIVED
+from harness.run.exits import EXIT_OK, EXIT_USAGE
 from harness.run.options import MutantsOptions, UsageError
-from harness.run.startup import cold_report_seconds, startup_target
+from harness.run.startup import cold_report_seconds
 
-EXIT_OK, EXIT_SURVIVED, EXIT_USAGE = 0, 1, 2
 RELATION_CHECKS = ("outcome", "observation")
 
 
@@ -63,6 +65,22 @@ class Entry:
     families: tuple[str, ...]
     factory: Callable[[], Any]
     patch: Callable[[], AbstractContextManager[None]] | None = None  # active around the whole run (self mode)
+
+    def catalogue_entry(self) -> CatalogueEntry:
+        """The target the run loop drives: a scheduler mutant as the catalogue resolves it (vLLM's real
+        scheduler, the bug patched in), any other row's factory under the lockstep driver."""
+        from harness.run.catalogue import manager_entry, resolve
+
+        if self.origin == "scheduler":
+            return resolve(self.target)
+        return manager_entry(self.target, self.factory)
+
+    @property
+    def startup_target(self) -> str:
+        """The target whose start-up a cold ``kvspec fuzz`` of this row pays: the built-in one its
+        mutant patches, or the user's ``package.module:factory`` (less its ``#mutant``)."""
+        builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
+        return builtin.get(self.origin, self.target.split("#", 1)[0])
 
 
 @dataclass
@@ -203,10 +221,10 @@ def user_entries(target: str, mutants: str | None, families: tuple[str, ...], re
 
 def _load_callable(spec: str) -> Callable[[], Any]:
     """``package.module:callable``, resolved exactly as ``--target`` is (``TargetLoadError`` says why not)."""
-    from harness.targets import TargetLoadError, _user_factory
+    from harness.targets import TargetLoadError, user_factory
 
     try:
-        return _user_factory(spec)
+        return user_factory(spec)
     except TargetLoadError as e:
         raise TargetLoadError(str(e).replace("--target", "--mutants", 1)) from None
 
@@ -215,23 +233,26 @@ def _load_callable(spec: str) -> Callable[[], Any]:
 
 
 def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
+    """One row: its mutant fuzzed by the one run loop (``harness.run.fuzzing.run_fuzz``) until the first
+    finding or ``--seconds``; the finding reduced by the row's driver and written.  A scheduler mutant's
+    run is vLLM's real scheduler with the bug patched in (no Hypothesis: the "shrunk" column holds the
+    recorded run's length)."""
     from hypothesis import Verbosity
 
     from harness.run.fuzzing import run_fuzz
     from harness.traces.report import write_report
     from harness.traces.trace import trace_from_json
 
-    if entry.origin == "scheduler":
-        return run_scheduler_entry(entry, opts)
     fuzz = opts.fuzz_options(entry.target, entry.families, "exact" if entry.mode == "self" else entry.mode)
     overrides: dict[str, Any] = {"verbosity": Verbosity.quiet}  # the table is the output, not Hypothesis' notes
     if not opts.use_db:
         overrides["database"] = None
     start = time.monotonic()
     with entry.patch() if entry.patch else nullcontext():
-        res = run_fuzz(fuzz, entry.factory, settings_overrides=overrides)
+        res = run_fuzz(fuzz, entry.catalogue_entry(), settings_overrides=overrides)
     if res.trace is None:
-        note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} examples, {res.steps} steps"
+        runs = "scheduler runs" if entry.origin == "scheduler" else f"examples, {res.steps} steps"
+        note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} {runs}"
         return Row(entry, killed=False, note=note)
     report = write_report(opts.out, trace_from_json(res.trace))
     return Row(
@@ -242,36 +263,6 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
         time.monotonic() - start,
         res.shrunk_steps,
         len(res.trace["steps"]),
-        report,
-    )
-
-
-def run_scheduler_entry(entry: Entry, opts: MutantsOptions) -> Row:
-    """A deliberate bug in vLLM's real scheduler (``harness.mutants.vllm_scheduler``): seeded runs of the
-    real scheduler with the spec in lockstep behind its manager until the first finding; the run is
-    reduced by re-driving the mutated scheduler with simpler inputs, then its operations on the real
-    manager, and written.  No Hypothesis: the "shrunk" column
-    holds the recorded run's length."""
-    import json
-
-    from harness.mutants.vllm_scheduler import patched
-    from harness.vllm_sched.fuzz import first_finding, write_finding
-
-    start = time.monotonic()
-    with patched(entry.name):  # the report is reduced by re-driving the same (mutated) scheduler
-        res, family, seed, runs, first = first_finding(entry.families, opts.seconds, opts.seed)
-        if res is None or res.finding is None:
-            return Row(entry, killed=False, note=f"survived {runs} scheduler runs")
-        report = write_finding(opts.out, res, family, seed, opts.reduce_seconds)
-    trace = json.loads((report / "trace.json").read_text())
-    return Row(
-        entry,
-        True,
-        check_of(trace["finding"]),
-        first,
-        time.monotonic() - start,
-        len(res.steps),
-        len(trace["steps"]),
         report,
     )
 
@@ -368,7 +359,7 @@ def mutants_cmd(opts: MutantsOptions) -> int:
         )
         row = run_entry(entry, opts)
         if row.to_report is not None:
-            row.cold = cold_report_seconds(row.to_report, startup_target(entry.origin, entry.target), startups)
+            row.cold = cold_report_seconds(row.to_report, entry.startup_target, startups)
         rows.append(row)
     for line in render_table(rows):
         print(line)
@@ -394,11 +385,12 @@ def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, s
     """``opts`` under the relation in force for the user's ``target`` (said on stderr, with why)."""
     from dataclasses import replace
 
+    from harness.run.catalogue import resolve
     from harness.run.relation_choice import choose_relation
-    from harness.targets import TargetLoadError, target_factory
+    from harness.targets import TargetLoadError
 
     try:
-        choice = choose_relation(opts.relation, target, None if opts.relation else target_factory(target))
+        choice = choose_relation(opts.relation, resolve(target))
     except TargetLoadError as e:
         raise ValueError(str(e)) from None
     print(f"kvspec mutants: {choice.line()}", file=sys.stderr, flush=True)
@@ -407,10 +399,10 @@ def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, s
 
 def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:
     """The unmutated user target must survive the same families for a short while."""
-    from harness.targets import target_factory
+    from harness.run.catalogue import resolve
 
     fams = tuple(sorted({f for e in entries for f in e.families}))
-    control = Entry("(control)", "user", opts.relation or "exact", target, fams, target_factory(target))
+    control = Entry("(control)", "user", opts.relation or "exact", target, fams, resolve(target).factory)
     row = run_entry(control, opts.control())
     if row.killed:
         print(

@@ -17,13 +17,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 from typing import Any
 
-from harness.run.options import FuzzOptions, MutantsOptions, UsageError, fuzz_environ
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+from harness.run.exits import EXIT_OK, EXIT_USAGE
+from harness.run.options import FuzzOptions, MutantsOptions, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,9 +30,31 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvspec", description="Differential fuzzing of KV-cache managers against kvspec's model of vLLM 0.33."
     )
     sub = p.add_subparsers(dest="command", required=True)
-    D = FuzzOptions  # the defaults (class attributes of the dataclass), so the two cannot drift
+    _add_fuzz(sub)
+    _add_replay(sub)
+    rp = sub.add_parser("report", help="print the report of a trace; exit 2 on a bad file")
+    rp.add_argument("path", help="a trace file, or a report folder holding trace.json")
+    sub.add_parser("prove", help="run the Z3 proofs", add_help=False)
+    sub.add_parser(
+        "pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False
+    )
+    sub.add_parser(
+        "releases", help="the vLLM releases kvspec models; `releases diff OLD NEW` (docs/releases.md)", add_help=False
+    )
+    from harness.campaign import add_parser as add_mutants_parser
+
+    add_mutants_parser(sub)
+    return p
+
+
+TARGETS_HELP = "spec, vllm, impl, vllm-fixed, vllm-scheduler, mutant:NAME or package.module:factory"
+
+
+def _add_fuzz(sub: Any) -> None:
+    """``kvspec fuzz``: its options, the defaults read from ``FuzzOptions`` (so the two cannot drift)."""
+    D = FuzzOptions
     f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds")
-    f.add_argument("--target", default=D.target, help="spec, vllm, impl, mutant:NAME or package.module:factory")
+    f.add_argument("--target", default=D.target, help=TARGETS_HELP)
     f.add_argument("--family", default="all", help="comma-separated config families, or 'all'")
     f.add_argument(
         "--seconds", type=float, default=D.seconds, help="wall-time bound of the whole run, shrinking included (> 0)"
@@ -51,6 +72,25 @@ def _parser() -> argparse.ArgumentParser:
         "--step-timeout", type=float, default=D.step_timeout, help="seconds one target call may take (> 0, <= 86400)"
     )
     f.add_argument("--batch", type=int, default=D.batch, help="examples per family before rotating (>= 1)")
+    _add_fuzz_finding(f)
+    _add_fuzz_checks(f)
+    f.add_argument(
+        "--db",
+        default=None,
+        help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)",
+    )
+    f.add_argument(
+        "--workers",
+        type=int,
+        default=D.workers,
+        help="N processes (1..256), one Hypothesis engine each, on the one database; the first finding stops all",
+    )
+    f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
+
+
+def _add_fuzz_finding(f: argparse.ArgumentParser) -> None:
+    """``kvspec fuzz``'s options for what happens to a finding: shrinking and reduction."""
+    D = FuzzOptions
     f.add_argument(
         "--shrink-seconds",
         type=int,
@@ -72,6 +112,10 @@ def _parser() -> argparse.ArgumentParser:
         help="time bound for reducing the shrunk trace by replaying operations (harness/traces/reduce.py); 0: off "
         "(0..86400; also capped by the time --seconds leaves)",
     )
+
+
+def _add_fuzz_checks(f: argparse.ArgumentParser) -> None:
+    """``kvspec fuzz``'s switches for what is checked and shown."""
     f.add_argument(
         "--stats", action="store_true", help="print per-family rule and event counts at the end (always on a terminal)"
     )
@@ -90,18 +134,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--target vllm-scheduler: turn the world's facts in the ledger and conservation off (on by default)",
     )
-    f.add_argument(
-        "--db",
-        default=None,
-        help="example database: a folder or redis://host:port/n (default $KVSPEC_DB, else .hypothesis/examples)",
-    )
-    f.add_argument(
-        "--workers",
-        type=int,
-        default=D.workers,
-        help="N processes (1..256), one Hypothesis engine each, on the one database; the first finding stops all",
-    )
-    f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
+
+
+def _add_replay(sub: Any) -> None:
     r = sub.add_parser(
         "replay",
         help="replay traces (files or folders); exit 1 if any departs from its record, 2 on a bad file",
@@ -109,15 +144,12 @@ def _parser() -> argparse.ArgumentParser:
         "2 on bad usage or a bad trace file.  A folder is walked for kvspec traces (*.json files with a "
         "'kvspec_trace' field; other .json files are skipped and listed, hidden folders and virtualenvs not "
         "entered).  A trace is data: its recorded target is used only if it is built in (spec, impl, vllm, "
-        "mutant:NAME); a recorded package.module:factory needs --target or --trust-trace-target.",
+        "vllm-fixed, vllm-scheduler, mutant:NAME); a recorded package.module:factory needs --target or "
+        "--trust-trace-target.  Each trace is replayed by its target's driver: a finding of vLLM's real "
+        "scheduler that only its run shows re-drives the real scheduler.",
     )
     r.add_argument("paths", nargs="+", help="trace files, or folders holding them")
-    r.add_argument(
-        "--target",
-        default=None,
-        help="replay on this target (spec, vllm, impl, mutant:NAME or package.module:factory) "
-        "instead of the one each trace records",
-    )
+    r.add_argument("--target", default=None, help=f"replay on this target ({TARGETS_HELP}) instead of the recorded one")
     r.add_argument(
         "--trust-trace-target",
         action="store_true",
@@ -125,46 +157,24 @@ def _parser() -> argparse.ArgumentParser:
         "names, so only for trace files you trust (without it such a trace is refused, exit 2)",
     )
     r.add_argument("--step-timeout", type=float, default=10.0)
+    r.add_argument(
+        "--strict-known", action="store_true", help="a known target bug (harness/ledger/known_bugs.py) is a finding too"
+    )
     r.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per trace")
-    rp = sub.add_parser("report", help="print the report of a trace; exit 2 on a bad file")
-    rp.add_argument("path", help="a trace file, or a report folder holding trace.json")
-    sub.add_parser("prove", help="run the Z3 proofs", add_help=False)
-    sub.add_parser(
-        "pd", help="P/D pre-allocation: `pd check`, `pd simulate` (docs/pd-preallocation.md)", add_help=False
-    )
-    sub.add_parser(
-        "releases", help="the vLLM releases kvspec models; `releases diff OLD NEW` (docs/releases.md)", add_help=False
-    )
-    from harness.campaign import add_parser as add_mutants_parser
-
-    add_mutants_parser(sub)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "prove":
-        try:
-            from harness.proofs import prove_main
-        except ImportError as e:
-            print(f"kvspec prove: not available: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        return int(prove_main(argv[1:]) or 0)
-    if argv and argv[0] == "pd":
-        return pd_cmd(argv[1:])
-    if argv and argv[0] == "releases":
-        from harness.releases.cli import releases_main
-
-        return releases_main(argv[1:])
+    passthrough = _passthrough(argv)
+    if passthrough is not None:
+        return passthrough
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
     try:
         if args.command == "fuzz":
-            opts = FuzzOptions.from_namespace(args)
-            with fuzz_environ(opts):
-                return fuzz(opts, relation_given=args.relation is not None)
+            return fuzz(FuzzOptions.from_namespace(args, os.environ), relation_given=args.relation is not None)
         if args.command == "replay":
             return replay_cmd(args)
         if args.command == "report":
@@ -179,27 +189,44 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def _passthrough(argv: list[str]) -> int | None:
+    """``prove``, ``pd`` and ``releases`` parse their own arguments: their exit status, else None."""
+    if argv and argv[0] == "prove":
+        try:
+            from harness.proofs import prove_main
+        except ImportError as e:
+            print(f"kvspec prove: not available: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return int(prove_main(argv[1:]) or 0)
+    if argv and argv[0] == "pd":
+        from harness.pd.cli import main as pd_main
+
+        return pd_main(argv[1:])
+    if argv and argv[0] == "releases":
+        from harness.releases.cli import releases_main
+
+        return releases_main(argv[1:])
+    return None
+
+
 # --- fuzz ------------------------------------------------------------------------------------------
 
 
 def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
-    """``kvspec fuzz``, its options already checked (``FuzzOptions.from_namespace``) and set in the
-    environment (``fuzz_environ``); without ``relation_given`` the target's own relation replaces
-    ``opts.relation`` (``harness.run.relation_choice``): the run with SIGINT and SIGTERM handled
-    (``harness.run.signals.SIGNALS``: a clean stop that keeps a finding), then the summary and the
-    report (``finish_fuzz``)."""
+    """``kvspec fuzz``, its options already checked (``FuzzOptions.from_namespace``); without
+    ``relation_given`` the target's own relation replaces ``opts.relation``: the target resolved
+    (``harness.run.catalogue``), the one run loop run with SIGINT and SIGTERM handled, then the summary
+    and the report (``harness.run.finish``)."""
     from harness.run.finish import finish_fuzz
-    from harness.run.fuzzing import FuzzResult
+    from harness.run.fuzzing import FuzzResult, NothingToRun
     from harness.run.signals import SIGNALS, Interrupted
-    from harness.vllm_sched.fuzz import fuzz_cli, handles
 
-    if handles(opts.target):  # vLLM's real scheduler drives the manager (harness/vllm_sched/)
-        return fuzz_cli(opts)
     tty = sys.stderr.isatty()
     with SIGNALS.installed():
         try:
             with SIGNALS.armed():
-                opts, factory, choice = _load_fuzz_target(opts, relation_given)
+                opts, target, choice = _load_fuzz_target(opts, relation_given)
+            opts = _unused_options(opts, target)
             workers = f", {opts.workers} workers" if opts.workers > 1 else ""
             print(
                 f"kvspec fuzz: target {opts.target}, families {','.join(opts.families)}, up to {opts.seconds:g}s, "
@@ -208,15 +235,17 @@ def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            res = _run_fuzz(opts, factory, tty)
+            res = _run_fuzz(opts, target, tty)
         except Interrupted as e:  # while the target was loading
             res = FuzzResult(interrupted=e.signum)
+        except NothingToRun as e:
+            raise UsageError(str(e)) from None
         if tty:
             print(file=sys.stderr)
         return finish_fuzz(opts, res, verbose=tty or opts.stats)
 
 
-def _run_fuzz(opts: FuzzOptions, factory: Any, tty: bool) -> Any:
+def _run_fuzz(opts: FuzzOptions, target: Any, tty: bool) -> Any:
     """One process (a progress line on a terminal) or ``--workers`` processes; the ``FuzzResult``."""
     from harness.run.fuzzing import progress_line, run_fuzz
 
@@ -234,133 +263,66 @@ def _run_fuzz(opts: FuzzOptions, factory: Any, tty: bool) -> Any:
     def announce(line: str) -> None:
         print(("\n" if tty else "") + line, file=sys.stderr, flush=True)
 
-    return run_fuzz(opts, factory, on_batch=on_batch, bounded=True, announce=announce)
+    return run_fuzz(opts, target, on_batch=on_batch, bounded=True, announce=announce)
 
 
 def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOptions, Any, Any]:
-    """The target factory ``--target`` names (wrapped for ``--kv-check``), ``opts`` under the relation
-    in force (``--relation``, else the target's own: ``harness.run.relation_choice``) and that choice,
-    whose line the run prints first.  ``UsageError`` when the target cannot be loaded (also when
-    loading it raises ``SystemExit``) or declares a relation that does not exist."""
+    """The catalogue entry ``--target`` names (its targets wrapped for ``--kv-check``), ``opts`` under the
+    relation in force (``--relation``, else the target's own: ``harness.run.relation_choice``) and that
+    choice, whose line the run prints first.  ``UsageError`` when the target cannot be loaded or
+    declares a relation that does not exist."""
     from dataclasses import replace
 
-    from harness.mutants.registry import is_builtin_target
-    from harness.run.fuzzing import kv_checked, target_of
+    from harness.run.catalogue import fuzz_target
     from harness.run.relation_choice import choose_relation
     from harness.targets import TargetLoadError
 
     try:
-        factory = target_of(opts)
+        target = fuzz_target(opts)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
-    given = opts.relation if relation_given else None
-    choice = choose_relation(given, opts.target, None if is_builtin_target(opts.target) else factory)
-    return replace(opts, relation=choice.relation), kv_checked(opts, factory), choice
+    choice = choose_relation(opts.relation if relation_given else None, target)
+    return replace(opts, relation=choice.relation), target, choice
 
 
-# --- pd ----------------------------------------------------------------------------------------------
+def _unused_options(opts: FuzzOptions, target: Any) -> FuzzOptions:
+    """``opts`` without what the target's driver cannot do (``--workers``: one process only;
+    ``--kv-check``: no oracle behind it), said on stderr."""
+    from dataclasses import replace
 
-
-def pd_cmd(argv: list[str]) -> int:
-    """``kvspec pd check|simulate``: the P/D pre-allocation study (``harness.pd.cli``)."""
-    from harness.pd.cli import main as pd_main
-
-    return pd_main(argv)
+    driver = target.driver
+    unused = [
+        opt
+        for opt, on in (
+            ("--kv-check", opts.kv_check and not getattr(driver, "kv_check", True)),
+            ("--workers", opts.workers > 1 and getattr(driver, "one_process", False)),
+        )
+        if on
+    ]
+    if not unused:
+        return opts
+    print(f"kvspec fuzz: {', '.join(unused)} not used with target {opts.target} (its driver cannot)", file=sys.stderr)
+    return replace(opts, workers=1, kv_check=False)
 
 
 # --- replay / report ---------------------------------------------------------------------------------
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
-    from harness.core.glimpse import check_full_check_every_env
-    from harness.core.strict_json import TraceFormatError
-    from harness.mutants.registry import resolve_target
-    from harness.targets import TargetLoadError
-    from harness.traces.folders import find_traces
-    from harness.traces.replay import UntrustedTarget, replay, replay_target
+    from harness.check.settings import CheckSettings
+    from harness.run.options import from_environ
+    from harness.run.replays import replay_paths
 
     if not 0 <= args.step_timeout <= 86400:  # NaN too
         raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")
-    try:
-        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    from harness.vllm_sched.fuzz import handles, recorded_by_scheduler
-
-    if not args.target and recorded_by_scheduler(args.paths):
-        args.target = "vllm-scheduler"  # findings only re-driving the real scheduler reproduces
-    if args.target and handles(args.target):
-        return _replay_scheduler(args)
-    # Every file is read and every target chosen and loaded before anything runs.
-    try:
-        found = find_traces(args.paths)
-        traces = [(p, t, replay_target(t, p, args.target, args.trust_trace_target)) for p, t in found.traces]
-        factories = {name: resolve_target(name) for name in dict.fromkeys(name for _, _, name in traces)}
-    except (TraceFormatError, UntrustedTarget, TargetLoadError) as e:
-        raise UsageError(str(e)) from None
-    for p, why in found.skipped:
-        print(f"kvspec replay: skipped {p}: {why}", file=sys.stderr)
-    bad = 0
-    cases = []
-    for p, trace, name in traces:
-        t0 = time.monotonic()
-        result = replay(trace, factories[name], args.step_timeout)
-        print(f"{'ok  ' if result.ok else 'FAIL'} {p}: {result.message}")
-        bad += not result.ok
-        cases.append((str(p), name, time.monotonic() - t0, result))
-    print(f"kvspec replay: {len(traces) - bad}/{len(traces)} trace(s) behaved as recorded")
-    if args.junit_xml:
-        from harness.run.junit import Case, write_junit
-
-        write_junit(
-            args.junit_xml,
-            "kvspec replay",
-            [
-                Case(f"kvspec.replay.{target}", path, t)
-                if r.ok
-                else Case(
-                    f"kvspec.replay.{target}",
-                    path,
-                    t,
-                    failure=r.message,
-                    failure_type=r.finding.kind if r.finding else "error",
-                    details=f"{r.message}\ntrace: {path}\nreplay: kvspec replay {path}\n",
-                )
-                for path, target, t, r in cases
-            ],
-            sum(c[2] for c in cases),
-        )
-    return EXIT_OK if bad == 0 else EXIT_FOUND
-
-
-def _replay_scheduler(args: argparse.Namespace) -> int:
-    """``kvspec replay --target vllm-scheduler`` (or ``mutant:NAME`` of a scheduler mutant): each
-    report of the real scheduler's fuzz re-drives the real scheduler from its recorded run
-    (``harness.vllm_sched.fuzz.replay_scheduler_run``); every file is checked before any run."""
-    from harness.core.strict_json import TraceFormatError
-    from harness.targets.vllm import VllmUnavailable, _vllm
-    from harness.traces.folders import find_traces
-    from harness.vllm_sched.fuzz import TARGET_NAME, replay_scheduler_run, scheduler_run_of
-
-    try:
-        found = find_traces(args.paths)
-        for p, t in found.traces:
-            scheduler_run_of(t, str(p))
-        _vllm()
-    except (TraceFormatError, ValueError, VllmUnavailable) as e:
-        raise UsageError(str(e)) from None
-    if args.junit_xml:
-        raise UsageError(f"--junit-xml is not written by --target {args.target}")
-    for p, why in found.skipped:
-        print(f"kvspec replay: skipped {p}: {why}", file=sys.stderr)
-    mutant = None if args.target == TARGET_NAME else args.target.split(":", 1)[1]
-    bad = 0
-    for p, trace in found.traces:
-        result = replay_scheduler_run(trace, str(p), mutant)
-        print(f"{'ok  ' if result.ok else 'FAIL'} {p}: {result.message}")
-        bad += not result.ok
-    print(f"kvspec replay: {len(found.traces) - bad}/{len(found.traces)} scheduler run(s) ended without a finding")
-    return EXIT_OK if bad == 0 else EXIT_FOUND
+    env = from_environ(os.environ)
+    checks = CheckSettings(
+        step_timeout=args.step_timeout,
+        strict_known=args.strict_known,
+        memory_mb=env["memory_mb"],
+        full_check_every=env["full_check_every"],
+    )
+    return replay_paths(args.paths, args.target, args.trust_trace_target, checks, env["assume_release"], args.junit_xml)
 
 
 def report_cmd(args: argparse.Namespace) -> int:

@@ -74,3 +74,40 @@ def test_a_mutant_added_as_the_doc_says_is_killed_by_its_check(
     assert rc == 0, table
     row = next(line for line in table.splitlines() if mutant.name in line)
     assert mutant.intended in row, row
+
+
+def test_a_driver_added_as_the_doc_says_runs_through_the_cli_and_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The doc's third driver, added by its recipe alone (neither the CLI nor the loop changes): the
+    one loop runs it clean on the spec; over a target with a bug it finds, reduces and reports; and
+    ``kvspec replay`` re-runs the report through the same driver."""
+    import dataclasses
+    import types
+
+    from harness.mutants.spec import make_mutant
+    from harness.run import catalogue
+
+    monkeypatch.setattr(catalogue, "BUILTIN", dict(catalogue.BUILTIN))
+    run_in_module(doc_code("A driver"), types.ModuleType("kvspec_doc_driver"))
+    assert "corpus" in catalogue.BUILTIN
+    out = tmp_path / "reports"
+    args = ["fuzz", "--target", "corpus", "--family", "full", "--seconds", "30", "--out", str(out)]
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr()
+    summary = capsys.readouterr().out
+    assert "no finding; target corpus, 4 examples" in summary and "4 corpus traces replayed" in summary, summary
+
+    clean = catalogue.BUILTIN["corpus"]
+
+    def buggy(assume_release: str | None) -> Any:
+        return dataclasses.replace(clean(assume_release), factory=lambda: make_mutant("free_order_appended"))
+
+    monkeypatch.setitem(catalogue.BUILTIN, "corpus", buggy)
+    assert main(args) == 1
+    text = capsys.readouterr().out
+    assert "FOUND" in text and "report written to" in text, text
+    (report,) = out.iterdir()
+    assert main(["replay", str(report)]) == 1  # the recorded target, through the same driver: still failing
+    monkeypatch.setitem(catalogue.BUILTIN, "corpus", clean)
+    assert main(["replay", str(report)]) == 0  # on the correct spec the reduced trace behaves as recorded

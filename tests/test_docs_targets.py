@@ -18,8 +18,10 @@ import pytest
 
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
-from harness.targets import TargetLoadError, Unsupported, target_factory
+from harness.run.catalogue import resolve
+from harness.targets import TargetLoadError, Unsupported
 from spec.config import KVCacheConfig, full_attention
 from spec.types import BlockCount, TokenCount
 
@@ -92,7 +94,7 @@ def test_a_user_target_loads_from_the_current_folder(tmp_path: Path, monkeypatch
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != cwd])
     monkeypatch.delitem(sys.modules, "kvspec_cwd_target", raising=False)
     try:
-        factory = target_factory("kvspec_cwd_target:make")
+        factory = resolve("kvspec_cwd_target:make").factory
     except TargetLoadError as e:
         pytest.fail(f"the current folder's module did not load: {e}")
     assert factory().name == "spec"
@@ -113,7 +115,7 @@ ONE_REQUEST: list[O.Op] = [
 def _example_run(config: KVCacheConfig, relation: str) -> None:
     from examples.my_manager import make_target
 
-    ls = Lockstep(config, make_target(), relation, step_timeout=None)
+    ls = Lockstep(config, make_target(), CheckSettings(relation=relation, step_timeout=None))
     ls.start()
     for op in ONE_REQUEST:
         ls.apply(op)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.check.lockstep import Lockstep
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.core.observation import Observation
 from harness.targets.base import Target
@@ -80,9 +81,8 @@ def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 
         else:
             full = mode != "lockstep"
             every = None if mode in ("glimpse", "steps") else 1
-            ls = Lockstep(
-                config, factory(), "exact", None, check_spec_invariants=full, ledger=full, full_check_every=every
-            )
+            checks = CheckSettings(step_timeout=None, ledger=full, full_check_every=every)
+            ls = Lockstep(config, factory(), checks, check_spec_invariants=full)
             ls.start()
             t0 = time.perf_counter()
             for op in ops:
@@ -101,7 +101,7 @@ def family_rows(target: str, factory: Callable[[], Target], families: list[str],
     for family in families:
         runs: list[Run] = []
         stats = RunStats()
-        cls = make_machine(family, lambda runs=runs: Recorder(factory(), runs), target, "exact", stats)  # type: ignore[misc]
+        cls = make_machine(family, lambda runs=runs: Recorder(factory(), runs), target, CheckSettings(), stats)  # type: ignore[misc]
         t0 = time.perf_counter()
         try:
             run_machine(cls, profile_settings("dev", max_examples=examples, database=None), seed=1, shrink_seconds=1)
@@ -157,9 +157,9 @@ def print_table(rows: list[dict[str, Any]], key: str, hypothesis: bool) -> None:
 
 
 def bench_lockstep(target: str, families: list[str], examples: int, json_path: str | None) -> None:
-    from harness.mutants.registry import resolve_target
+    from harness.run.catalogue import resolve
 
-    factory = resolve_target(target)
+    factory = resolve(target).factory
     print(f"target {target}: µs per operation, replayed outside Hypothesis unless labelled (best of 3)")
     fam = family_rows(target, factory, families, examples)
     print_table(fam, "family", hypothesis=True)

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from harness.run.options import FuzzOptions, fuzz_environ
+from harness.run.options import FuzzOptions
 
 
 def bench_options(target: str, family: str, seconds: float, workers: int, seed: int = 0) -> FuzzOptions:
@@ -33,8 +33,8 @@ def measure(target: str, family: str, seconds: float, workers: int, seed: int = 
     from harness.run.workers import fuzz_workers
 
     opts = bench_options(target, family, seconds, workers, seed)
-    with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db, fuzz_environ(replace(opts, db=db)):
-        res = fuzz_workers(opts)
+    with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db:
+        res = fuzz_workers(replace(opts, db=db))
     if res.trace is not None or res.stopped is not None:
         raise SystemExit(
             f"bench_workers: the target reported something ({res.summary or res.stopped}); pick one that passes"

@@ -11,13 +11,13 @@ operation, both outcomes, a one-sentence message and the smallest witness
 (``harness.check.witness``: the blocks and requests involved, before and after).  A target that
 raises or hangs is a finding too, never a harness crash; so is one whose outcome or observation does
 not have the documented form (``target-malformed``, checked by ``harness.targets.outcome_schema`` as
-soon as the call returns), and one that runs out of memory or grows past ``KVSPEC_TARGET_MEMORY_MB``
-(``target-memory``, ``harness.check.memory_guard``).
+soon as the call returns), and one that runs out of memory or grows past its bound
+(``CheckSettings.memory_mb``; ``target-memory``, ``harness.check.memory_guard``).  What is checked and
+how is one ``harness.check.settings.CheckSettings`` value, passed in.
 """
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -27,8 +27,9 @@ from typing import Any, NoReturn, TypeVar
 from harness.check.finding import Finding, FindingError
 from harness.check.glimpsing import glimpses
 from harness.check.guard import Call, guarded_call, malformed
-from harness.check.memory_guard import MemoryGuard, bound_from_env
+from harness.check.memory_guard import MemoryGuard
 from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
+from harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from harness.check.unchanged import LastInputs
 from harness.check.witness import Step, outcome_blocks, state_finding
 from harness.core import ops as O
@@ -40,7 +41,6 @@ from harness.core.ops_json import op_to_json
 from harness.ledger.checker import LedgerChecker
 from harness.ledger.finding import LedgerFinding
 from harness.ledger.known_bugs import KnownBug, NamedViolation, match_known_bug, split_known
-from harness.ledger.known_bugs import strict_known as is_strict_known
 from harness.targets import outcome_schema as S
 from harness.targets.base import Target, Unsupported, bind_release
 from harness.targets.spec import SpecTarget
@@ -49,39 +49,27 @@ from spec.invariants import StepContext, Violation, check_invariants, check_step
 
 V = TypeVar("V", bound=NamedViolation)  # an invariant violation, of the spec's state or of an observation
 
-__all__ = ["Finding", "FindingError", "Lockstep", "ledger_enabled"]
-
-
-def ledger_enabled() -> bool:
-    """The KV ledger's default: on, unless ``KVSPEC_LEDGER=0`` (``kvspec fuzz --no-ledger`` sets it)."""
-    return os.environ.get("KVSPEC_LEDGER", "1") != "0"
+__all__ = ["CheckSettings", "Finding", "FindingError", "Lockstep"]
 
 
 class Lockstep:
-    """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both.
-
-    ``ledger``: run the KV ledger on the target (None: ``ledger_enabled()``); ``strict_known``: a ledger
-    finding that matches a known bug (``harness.ledger.known_bugs``) is a finding too, not only counted (None:
-    ``KVSPEC_STRICT_KNOWN``); ``memory_mb``: the target's memory growth bound in MiB (None:
-    ``KVSPEC_TARGET_MEMORY_MB``; 0: off); ``full_check_every``: whole observations compared every
-    that many operations, glimpses in between (None: ``harness.core.glimpse.full_check_every``)."""
+    """One run: a fresh reference and a fresh target for ``config``; ``apply`` steps both, checked as
+    ``checks`` says (``harness.check.settings.CheckSettings``: the relation, the step timeout, the KV
+    ledger, known bugs strict or counted, the target's memory bound, how often whole observations are
+    compared)."""
 
     def __init__(
         self,
         config: KVCacheConfig,
         target: Target,
-        relation: str = "exact",
-        step_timeout: float | None = 10.0,
+        checks: CheckSettings = DEFAULT_CHECKS,
         check_spec_invariants: bool = True,
-        ledger: bool | None = None,
-        strict_known: bool | None = None,
-        memory_mb: float | None = None,
-        full_check_every: int | None = None,
     ) -> None:
         self.config = config = bind_release(config, target)  # both sides model the target's release
         self.target = target
-        self.relation = get_relation(relation)
-        self.step_timeout = step_timeout
+        self.checks = checks
+        self.relation = get_relation(checks.relation)
+        self.step_timeout = checks.step_timeout
         self.check_spec_invariants = check_spec_invariants
         self.ref: SpecTarget | None = SpecTarget() if self.relation.uses_reference else None
         # The scheduler's requests (what the target's invariants are checked against): the
@@ -94,16 +82,16 @@ class Lockstep:
         self.tgt_obs: Observation | None = None
         self.op_counts: dict[str, int] = {}
         self.event_log: list[Any] = []  # the reference's events taken so far (spec §9.20)
-        self.kv_ledger = LedgerChecker(config) if (ledger_enabled() if ledger is None else ledger) else None
-        self.strict_known = is_strict_known() if strict_known is None else strict_known
+        self.kv_ledger = LedgerChecker(config) if checks.ledger else None
+        self.strict_known = checks.strict_known
         self.known_hits: Counter[str] = Counter()  # known bug id -> ledger findings matching it
         self.known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]]]] = {}
         self.muted: set[str] = set()  # invariants a known bug of this release broke (not checked again)
         self.ended_by_known: str | None = None  # the known bug that ended this example
-        self.memory = MemoryGuard(bound_from_env() if memory_mb is None else (memory_mb or None))
+        self.memory = MemoryGuard(checks.memory_mb or None)
         # Incremental checking (``harness.core.glimpse``): glimpses after most operations, a full check
         # every ``full_every`` operations and at ``finish``; needs the spec and a glimpsing target.
-        self.full_every = get_full_check_every(config.num_blocks, full_check_every)
+        self.full_every = get_full_check_every(config.num_blocks, checks.full_check_every)
         self.incremental = (
             self.full_every > 1 and self.ref is not None and self.relation.compare_observations and has_glimpse(target)
         )

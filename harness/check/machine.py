@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from harness.check.hypothesis_run import cap_shrinking, run_as_test
 from harness.check.lockstep import Finding, FindingError, Lockstep
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.targets.base import Target, Unsupported, bind_release
 from harness.world.families import configs, near_points, workload_features
@@ -91,6 +92,16 @@ class FamilyUnsupported(KeyboardInterrupt):
     ``KeyboardInterrupt``, like ``ShrinkStalled``, so Hypothesis stops without shrinking."""
 
 
+@dataclass
+class Resets:
+    """How one machine's resets went in this run: ``ok`` accepted, ``refused`` refused
+    (``Unsupported``), ``why`` the last refusal; a family with none accepted is skipped."""
+
+    ok: int = 0
+    refused: int = 0
+    why: str | None = None
+
+
 RESETS_BEFORE_SKIP = 50
 """Refusals in a row, with no accepted reset, before a family is skipped: a family whose configs
 the target accepts one time in ten survives them with probability 0.9**50, under 1%."""
@@ -153,20 +164,18 @@ class DrawChoices:
 
 
 class KVMachine(RuleBasedStateMachine):
-    """Configured by ``make_machine``: ``family``, ``target_factory``, ``relation``, ``stats``.
+    """Configured by ``make_machine``, once, at class creation (never changed after): ``family``,
+    ``target_factory``, ``checks`` (``CheckSettings``), and the run's per-run objects ``stats``
+    (``RunStats``) and ``resets`` (``Resets``), which the examples update.
 
     Each rule performs one action of the shared workload (``harness.world.workload``) with Hypothesis
     draws as its choices; the workload's scheduler emits operations into ``Lockstep``."""
 
-    family = "full"
+    family: str
     target_factory: Callable[[], Target]
-    relation = "exact"
+    checks: CheckSettings
     stats: RunStats
-    step_timeout: float | None = 10.0
-    kv_check = False  # the target is wrapped in the KV-content oracle
-    reset_unsupported: str | None = None  # the target's last Unsupported at reset (why)
-    resets_ok = 0  # resets the target accepted (a family with none is skipped)
-    resets_refused = 0  # resets the target refused (Unsupported)
+    resets: Resets
 
     def __init__(self) -> None:
         super().__init__()
@@ -191,9 +200,9 @@ class KVMachine(RuleBasedStateMachine):
         except Unsupported as e:
             self.stats.unsupported[str(e)[:80]] += 1
             if at_reset:
-                cls = type(self)
-                cls.reset_unsupported, cls.resets_refused = str(e), cls.resets_refused + 1
-                if not cls.resets_ok and cls.resets_refused >= RESETS_BEFORE_SKIP:
+                resets = self.resets
+                resets.why, resets.refused = str(e), resets.refused + 1
+                if not resets.ok and resets.refused >= RESETS_BEFORE_SKIP:
                     raise FamilyUnsupported(str(e)) from None
             assume(False)
         except FindingError as e:
@@ -259,13 +268,13 @@ class KVMachine(RuleBasedStateMachine):
         config = bind_release(config, target)
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, features=features)
-        if self.kv_check and sc.async_scheduling and sc.num_spec_tokens:
+        if self.checks.kv_check and sc.async_scheduling and sc.num_spec_tokens:
             # The KV-content oracle does not model draft placeholders under async scheduling yet.
             sc = dataclasses.replace(sc, num_spec_tokens=0, num_lookahead_tokens=0)
         self.stats.target_version = str(getattr(target, "version", ""))
-        self.ls = Lockstep(config, target, self.relation, self.step_timeout)
+        self.ls = Lockstep(config, target, self.checks)
         self._lockstep_call(self.ls.start, at_reset=True)
-        type(self).resets_ok += 1
+        self.resets.ok += 1
         self.stats.examples += 1
         self.workload = Workload(config, sc, self._emit, self._table, ch)
         if self.ls.ref is not None:  # what an async load's admission sets aside, on the reference state
@@ -310,22 +319,21 @@ def make_machine(
     family: str,
     target_factory: Callable[[], Target],
     target_name: str,
-    relation: str,
+    checks: CheckSettings,
     stats: RunStats,
-    step_timeout: float | None = 10.0,
-    kv_check: bool = False,
 ) -> type[KVMachine]:
-    name = f"KVMachine_{family}_{target_name.replace(':', '_').replace('.', '_')}_{relation}{'_kv' if kv_check else ''}"
+    """The machine class of ``family`` on ``target_factory``, checked as ``checks`` says, counting into
+    ``stats``.  Its name (family, target, relation, oracle) keys its examples in the database."""
+    target = target_name.replace(":", "_").replace(".", "_")
+    name = f"KVMachine_{family}_{target}_{checks.relation}{'_kv' if checks.kv_check else ''}"
     attrs = {
         "family": family,
         "target_factory": staticmethod(target_factory),
-        "relation": relation,
+        "checks": checks,
         "stats": stats,
-        "step_timeout": step_timeout,
-        "kv_check": kv_check,
+        "resets": Resets(),
     }
-    cls = type(name, (KVMachine,), attrs)
-    return cls
+    return type(name, (KVMachine,), attrs)
 
 
 def run_machine(
@@ -345,9 +353,9 @@ def run_machine(
     try:
         _run(cls, hyp_settings, seed, shrink_seconds)
     except (Unsatisfiable, FailedHealthCheck, FamilyUnsupported):
-        if cls.reset_unsupported is None or cls.resets_ok:
+        if cls.resets.why is None or cls.resets.ok:
             raise
-        cls.stats.skipped[cls.family] = cls.reset_unsupported
+        cls.stats.skipped[cls.family] = cls.resets.why
         cls.stats.events[f"{cls.family}:unsupported_at_reset"] += 1
 
 

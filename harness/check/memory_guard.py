@@ -25,9 +25,10 @@ CHECK_EVERY = 16  # steps between two readings of the resident set size (one rea
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def bound_from_env() -> float | None:
-    """The growth bound in MiB from ``KVSPEC_TARGET_MEMORY_MB``; None when unset, empty or 0."""
-    raw = os.environ.get(ENV, "").strip()
+def parse_memory_bound(text: str) -> float | None:
+    """The growth bound in MiB that ``KVSPEC_TARGET_MEMORY_MB`` holds (``text``, read at the edges:
+    the CLI, the pytest plugin); None when empty or 0; ``ValueError`` naming the variable otherwise."""
+    raw = text.strip()
     if not raw:
         return None
     try:

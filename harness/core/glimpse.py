@@ -17,7 +17,6 @@ internals stays in the target's adapter.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -156,12 +155,11 @@ def has_glimpse(target: Any) -> bool:
 
 
 def full_check_every(num_blocks: int, value: int | None = None) -> int:
-    """How many operations apart whole observations are compared: ``value`` if given, else
-    ``KVSPEC_FULL_CHECK_EVERY`` (an int >= 1, or ``auto``), else auto: every operation for pools of
-    up to ``AUTO_THRESHOLD`` blocks, every ``num_blocks // AUTO_DIVISOR`` above (the amortised cost
-    of a full check then stays flat in the pool size)."""
-    if value is None:
-        value = parse_full_check_every(os.environ.get(ENV, "auto"))
+    """How many operations apart whole observations are compared: ``value`` if given (the run's
+    ``CheckSettings.full_check_every``, which ``KVSPEC_FULL_CHECK_EVERY`` sets at the edges), else
+    auto: every operation for pools of up to ``AUTO_THRESHOLD`` blocks, every
+    ``num_blocks // AUTO_DIVISOR`` above (the amortised cost of a full check then stays flat in the
+    pool size)."""
     if value is not None:
         return value
     return 1 if num_blocks <= AUTO_THRESHOLD else num_blocks // AUTO_DIVISOR
@@ -180,11 +178,6 @@ def parse_full_check_every(text: str) -> int | None:
     if n < 1 or n > 1 << 30:
         raise ValueError(f"{ENV} must be 'auto' or an integer from 1 to {1 << 30}, got {text!r}")
     return n
-
-
-def check_full_check_every_env() -> None:
-    """``KVSPEC_FULL_CHECK_EVERY`` checked before any work (``ValueError`` naming it)."""
-    parse_full_check_every(os.environ.get(ENV, "auto"))
 
 
 def glimpse_differences(ref: Glimpse, tgt: Glimpse, limit: int = 8) -> list[ObsDiff]:
@@ -281,7 +274,6 @@ __all__ = [
     "GlimpseView",
     "block_keys",
     "build_glimpse",
-    "check_full_check_every_env",
     "full_check_every",
     "glimpse_differences",
     "glimpse_to_json",

@@ -4,7 +4,7 @@ vLLM 0.33 has bugs the KV ledger (docs/semantics.md §11) reports, and the spec 
 0.33 exactly, bugs included.  Rather than steering the workload away from their triggers (which
 would hide those configs from every other check), a finding that matches a known bug is counted,
 listed in the run summary and written once as a report; it does not fail the run unless
-``--strict-known`` (``KVSPEC_STRICT_KNOWN=1``).  Any other finding still fails it.
+``--strict-known`` (``CheckSettings.strict_known``).  Any other finding still fails it.
 
 A bug is recognised by its trigger predicate over the ledger finding's stable signature
 (``harness.ledger.finding``): the broken rule, the group kind and sizes, where the position came
@@ -16,7 +16,6 @@ condition (``kvspec prove``) and a reproduction on vLLM's real scheduler or mana
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -242,11 +241,6 @@ def split_known(violations: list[V], release: str | None, muted: set[str]) -> tu
             muted.add(name)
             known.append((bug, v))
     return unknown, known
-
-
-def strict_known() -> bool:
-    """Known bugs fail the run too (``--strict-known`` sets ``KVSPEC_STRICT_KNOWN=1``)."""
-    return os.environ.get("KVSPEC_STRICT_KNOWN", "0") == "1"
 
 
 def match_known_bug(signature: dict[str, Any]) -> KnownBug | None:

@@ -1,7 +1,7 @@
-"""The built-in target names ``--target`` resolves, and every catalogue of deliberate bugs.
+"""Every catalogue of deliberate bugs, in one list.
 
-``resolve_target`` turns ``vllm-fixed`` and ``mutant:NAME`` into target factories and hands any
-other name to the production registry ``harness.targets``; ``all_mutants`` lists every catalogue's
+The target catalogue (``harness.run.catalogue.resolve``) turns ``mutant:NAME`` into a target through
+``find_mutant`` and ``mutant_factory``; ``all_mutants`` lists every catalogue's
 ``Mutant`` records (``harness.mutants.record``): the spec's (``spec``, ``invariants``), the ``impl``
 allocator's (``impl``), vLLM's manager's (``vllm``) and vLLM's scheduler's (``vllm_scheduler``).
 """
@@ -47,39 +47,4 @@ def mutant_factory(mutant: Mutant) -> Callable[[], Any]:
     def factory() -> Any:
         return make[mutant.target](mutant.name)
 
-    return factory
-
-
-def is_builtin_target(name: str) -> bool:
-    """Does ``resolve_target`` resolve ``name`` by registry lookup alone: a built-in target of
-    ``harness.targets`` (``spec``, ``vllm``, ``impl``), ``vllm-fixed``, or ``mutant:NAME`` (looked up
-    in the mutant catalogues; an unknown one is a ``TargetLoadError``)?  Any other name is
-    ``package.module:factory``: code that resolving it imports and calls, which ``kvspec replay``
-    takes from the command line only, never from a trace file."""
-    from harness.targets import is_builtin
-
-    return is_builtin(name) or name == "vllm-fixed" or name.startswith("mutant:")
-
-
-def resolve_target(name: str) -> Callable[[], Any]:
-    """``--target`` as the CLI reads it: ``mutant:NAME`` names a deliberate bug of the spec, the
-    ``impl`` allocator or vLLM's manager (``all_mutants``); ``vllm-fixed`` is vLLM with the proposed
-    fixes; any other name goes to the production registry ``harness.targets``."""
-    from harness.targets import TargetLoadError, check_target, target_factory
-
-    if name == "vllm-fixed":  # vLLM with the proposed fixes of known bugs (harness.mutants.fixes_vllm)
-        target_factory("vllm")  # says why when vLLM 0.33.0 is not installed
-        from harness.mutants.fixes_vllm import make_target
-
-        return make_target
-    if not name.startswith("mutant:"):
-        return target_factory(name)
-    mutant = find_mutant(name.split(":", 1)[1])
-    if mutant is None or mutant.target == "vllm-scheduler":
-        known = ", ".join(sorted(m.name for m in all_mutants() if m.target != "vllm-scheduler"))
-        raise TargetLoadError(f"unknown mutant {name.split(':', 1)[1]!r} (known: {known})")
-    if mutant.target == "vllm":
-        target_factory("vllm")  # says why when vLLM 0.33.0 is not installed
-    factory = mutant_factory(mutant)
-    check_target(factory, name)
     return factory

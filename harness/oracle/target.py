@@ -57,7 +57,7 @@ from harness.core import ops as O
 from harness.core.book import RequestBook
 from harness.core.observation import Observation
 from harness.ledger.checker import LedgerChecker
-from harness.ledger.known_bugs import match_known_bug, strict_known
+from harness.ledger.known_bugs import match_known_bug
 from harness.ledger.request import FILLER, Alloc
 from harness.ledger.schedule import KVSchedule
 from harness.oracle.dense import DenseRun, dense_reference, row_errors
@@ -98,7 +98,7 @@ class KVCheckTarget:
     ``apply`` returns the inner outcome unchanged and raises ``KVMismatch`` when the numbers go
     wrong; exceptions of the inner target (``Unsupported`` included) pass through untouched.
     ``poison=False`` turns NaN poisoning off (only for showing that it matters).  ``known_bugs``
-    (default: unless ``KVSPEC_STRICT_KNOWN=1``): a KV ledger runs alongside, and when it recognises
+    (default True; ``--strict-known`` passes False): a KV ledger runs alongside, and when it recognises
     a known target bug (``harness.ledger.known_bugs``) checking stops for the run instead of reporting the
     wrong numbers it causes (``stats.known_bugs`` counts them, ``stopped`` says where).
     """
@@ -113,7 +113,7 @@ class KVCheckTarget:
         layers_per_group: int = 2,
         poison: bool = True,
         tol: dict[str, float] | None = None,
-        known_bugs: bool | None = None,
+        known_bugs: bool = True,
     ) -> None:
         if layers_per_group < 1:
             raise ValueError(f"layers_per_group must be >= 1, got {layers_per_group}")
@@ -129,7 +129,7 @@ class KVCheckTarget:
         self.runner: ModelRunner | None = None
         self.schedule: KVSchedule[OracleRequest] | None = None
         self.op_index = -1  # index of the last operation applied since reset
-        self.known_bugs = not strict_known() if known_bugs is None else known_bugs
+        self.known_bugs = known_bugs
         self.ledger: LedgerChecker | None = None  # recognises known target bugs (``known_bugs``)
         self.stopped: str | None = None  # why checking stopped for this run (a known bug)
 

@@ -19,8 +19,7 @@ from harness.pd.designs import resolve_design
 from harness.pd.invariants import PD_INVARIANTS
 from harness.pd.machine import PDFinding, make_pd_machine, run_pd_machine
 from harness.pd.scenarios import SCENARIOS, describe, play
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:

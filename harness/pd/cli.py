@@ -18,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness.pd.check import EXIT_OK, EXIT_USAGE, add_check_arguments, check_main
+from harness.pd.check import add_check_arguments, check_main
 from harness.pd.mc.cli import add_verify_arguments, verify_main
+from harness.run.exits import EXIT_OK, EXIT_USAGE
 
 COSTS_FILE = "pd-manager-costs.json"
 RESULTS_FILE = "pd-sim-results.json"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.check.lockstep import FindingError, Lockstep
+from harness.check.settings import CheckSettings
 from harness.pd.instance import RESET
 from harness.pd.state import ClusterState, get_instances
 
@@ -38,7 +39,7 @@ class Mirror:
         for inst in get_instances(s):
             for op, outcome in inst.log:
                 if op == RESET:
-                    ls = Lockstep(inst.config, self.factory(), relation=self.relation)
+                    ls = Lockstep(inst.config, self.factory(), CheckSettings(relation=self.relation))
                     ls.start()
                     self.locksteps[inst.name] = ls
                     continue

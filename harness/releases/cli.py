@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.releases.diff import DiffResult, Met, diff_releases
+from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
 from harness.run.options import FuzzOptions, UsageError, check_choices
 from spec.releases.line import RELEASES, UnknownRelease, changes_between, require_known
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 
 def releases_main(argv: list[str]) -> int:
@@ -81,6 +80,7 @@ def render_list(installed: str | None) -> str:
 
 
 def run_diff(old: str, new: str, opts: FuzzOptions) -> int:
+    from harness.run.catalogue import manager_entry
     from harness.run.fuzzing import run_fuzz
     from harness.traces.replay import replay
     from harness.traces.trace import trace_from_json
@@ -93,10 +93,11 @@ def run_diff(old: str, new: str, opts: FuzzOptions) -> int:
 
     def run(factory: Any, left: float) -> Any:
         left_opts = FuzzOptions(**{**opts.__dict__, "seconds": left})
-        return run_fuzz(left_opts, factory, bounded=True, settings_overrides={"database": None})
+        target = manager_entry(opts.target, factory, relation=opts.relation)
+        return run_fuzz(left_opts, target, bounded=True, settings_overrides={"database": None})
 
     def replay_ok(trace: dict[str, Any], factory: Any) -> bool:
-        return bool(replay(trace_from_json(trace), factory, step_timeout=opts.step_timeout).ok)
+        return bool(replay(trace_from_json(trace), factory, opts.checks()).ok)
 
     def announce(met: Met) -> None:
         print(f"kvspec releases diff: met {met.knob} after {met.found_after:.1f}s", flush=True)

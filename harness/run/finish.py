@@ -10,9 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.run.fuzzing import EXIT_FOUND, EXIT_OK, EXIT_USAGE, FuzzResult
+from harness.drivers.base import signal_name
+from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, exit_on_signal
+from harness.run.fuzzing import FuzzResult
 from harness.run.options import FuzzOptions
-from harness.run.signals import signal_name
 
 
 def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
@@ -36,17 +37,23 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
     else:
+        detail = f"; {res.detail}" if res.detail else ""
         print(
             f"kvspec fuzz: no finding; target {opts.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
-            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(opts.families)}"
+            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(_families(opts, res))}{detail}"
         )
     _print_known(opts, res)
     junit_ok = _write_fuzz_junit_safely(opts, res, report)
     if res.interrupted is not None:
-        return 128 + res.interrupted
+        return exit_on_signal(res.interrupted)
     if res.trace is not None or res.stopped is not None:
         return EXIT_FOUND
     return EXIT_OK if junit_ok else EXIT_USAGE
+
+
+def _families(opts: FuzzOptions, res: FuzzResult) -> tuple[str, ...]:
+    """The run's families: those its driver planned (it may run fewer or others than were chosen)."""
+    return res.families or opts.families
 
 
 def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
@@ -157,7 +164,7 @@ def _write_fuzz_junit(path: str, opts: FuzzOptions, res: FuzzResult, report: Any
 
     cls = f"kvspec.fuzz.{opts.target}"
     cases = []
-    for fam in opts.families:
+    for fam in _families(opts, res):
         t = res.family_time.get(fam, 0.0)
         if fam == res.found_family and (res.trace is not None or res.stopped is not None):
             msg = res.summary or f"the run stopped on {res.stopped}"

@@ -1,48 +1,51 @@
-"""The fuzzing loop behind ``kvspec fuzz``: rotate the families, run one Hypothesis batch per turn,
-stop at the deadline, at the first finding, on SIGINT or SIGTERM, or when told to (``should_stop``).
+"""The one run loop behind ``kvspec fuzz``, ``kvspec mutants``, ``releases diff`` and the workers.
 
-``run_fuzz`` is what one process does; ``harness.run.workers`` runs it in N processes on the one example
-database.  ``harness.run.finish.finish_fuzz`` prints the summary, writes the one report (and the JUnit XML), and
-returns the exit status.  Batch ``b`` of worker ``i`` of ``n`` runs family ``(b + i) % F`` with seed
-``seed * 1_000_003 + b * n + i``, so one worker reproduces the single-process run exactly.
+``run_fuzz(opts, target)`` makes the target's driver (``harness.drivers``: the manager lockstep, vLLM's
+real scheduler, ...; the catalogue entry ``harness.run.catalogue.CatalogueEntry`` says which), asks it
+for its plan, and runs one turn after the other, each a family in rotation with its seed, until the
+deadline, a finding, a signal, the plan's last turn or ``should_stop()``.  A finding is reduced by the
+same driver, within the time left, and kept as trace JSON in the ``FuzzResult``; ``harness.run.finish``
+prints the summary, writes the one report (and the known bugs' and the JUnit XML), and returns the
+exit status.  Turn ``t`` of worker ``i`` of ``n`` runs family ``(t + i) % F`` with the seed the driver
+derives (``Driver.turn_seed``), so one worker reproduces the single-process run exactly.
 
 Time: with ``bounded`` (``kvspec fuzz``), ``--seconds`` bounds the whole run.  The time left at the
-first finding is shared between Hypothesis' shrinking and the trace reduction in the ratio of
+first finding is shared between Hypothesis' shrinking and the reduction in the ratio of
 ``--shrink-seconds`` to ``--reduce-seconds`` (each still at most its own bound), so the run ends
-within ``--seconds`` plus the batch under way, the last replay and the writing of the report (a
-few seconds).  Signals: ``harness.run.signals.SIGNALS`` (installed by the CLI and in each worker) turns SIGINT and
-SIGTERM into a clean stop that keeps the smallest failing trace recorded so far (``RunStats.best``, or the
-reducer's current trace) and exits ``128 + signal`` (130, 143).
+within ``--seconds`` plus the turn under way, the last replay and the writing of the report (a few
+seconds).  Signals: ``harness.run.signals.SIGNALS`` (installed by the CLI and in each worker) turns
+SIGINT and SIGTERM into a clean stop that keeps the smallest failing trace recorded so far.
 """
 
 from __future__ import annotations
 
 import time
-import unittest
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from harness.drivers.base import DriveHooks, Driver, DriveSettings, Found, TurnOutcome
 from harness.run.options import FuzzOptions
-from harness.run.signals import SIGNALS, Interrupted
+from harness.run.signals import SIGNALS
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from harness.run.catalogue import CatalogueEntry
 
 
 @dataclass
 class FuzzResult:
-    """What one fuzzing process did (picklable: workers send it back)."""
+    """What one run did (picklable: workers send it back)."""
 
     elapsed: float = 0.0
     examples: int = 0
     steps: int = 0
     events: Counter[str] = field(default_factory=Counter)
-    batches: Counter[str] = field(default_factory=Counter)  # family -> batches run
+    batches: Counter[str] = field(default_factory=Counter)  # family -> turns run
     family_time: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # family -> why the target models none of it
     found_family: str | None = None
-    trace: dict[str, Any] | None = None  # the shrunk finding, as trace JSON
+    trace: dict[str, Any] | None = None  # the reduced finding, as trace JSON
     summary: str | None = None
     stopped: str | None = None  # the run stopped on an exception that is not a finding
     first_finding_after: float | None = None
@@ -51,6 +54,8 @@ class FuzzResult:
     known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
     known_traces: dict[str, dict[str, Any]] = field(default_factory=dict)  # known bug id -> its first trace
     interrupted: int | None = None  # the signal that stopped the run (the trace, if any: the smallest so far)
+    detail: str = ""  # the driver's own figures, for the summary line
+    families: tuple[str, ...] = ()  # the families the driver planned to run, then those it skips
 
     def add(self, other: FuzzResult) -> None:
         """Merge another worker's counts (not its finding)."""
@@ -66,40 +71,13 @@ class FuzzResult:
             self.known_traces.setdefault(bug_id, trace)
 
 
-def fuzz_factory(opts: FuzzOptions) -> Callable[[], Any]:
-    """``--target`` resolved (``TargetLoadError`` if it cannot be, also when loading it raises
-    ``SystemExit``), wrapped in the oracle with ``--kv-check``."""
-    return kv_checked(opts, target_of(opts))
-
-
-def target_of(opts: FuzzOptions) -> Callable[[], Any]:
-    """``--target`` resolved, unwrapped (``TargetLoadError`` if it cannot be, also on ``SystemExit``)."""
-    from harness.mutants.registry import resolve_target
-    from harness.targets import TargetLoadError
-
-    try:
-        return resolve_target(opts.target)
-    except (TargetLoadError, KeyboardInterrupt):
-        raise
-    except BaseException as e:  # noqa: BLE001 - SystemExit from a user's module or factory must not end kvspec
-        raise TargetLoadError(f"target {opts.target!r}: loading it raised {type(e).__name__}: {e}") from None
-
-
-def kv_checked(opts: FuzzOptions, factory: Callable[[], Any]) -> Callable[[], Any]:
-    """``factory`` wrapped in the KV-content oracle with ``--kv-check``, else as it is."""
-    if not opts.kv_check:
-        return factory
-    from harness.oracle.target import KVCheckTarget
-
-    def checked() -> Any:
-        return KVCheckTarget(factory())
-
-    return checked
+class NothingToRun(Exception):
+    """The driver runs none of the chosen families; the message says which it runs (exit 2)."""
 
 
 def run_fuzz(
     opts: FuzzOptions,
-    factory: Callable[[], Any],
+    target: CatalogueEntry,
     worker: int = 0,
     workers: int = 1,
     should_stop: Callable[[], bool] | None = None,
@@ -108,84 +86,170 @@ def run_fuzz(
     bounded: bool = False,
     announce: Callable[[str], None] | None = None,
 ) -> FuzzResult:
-    """Fuzz ``opts.families`` until the deadline (``opts.seconds``), a finding, a signal (``SIGNALS``,
-    where installed), or ``should_stop()``.  ``settings_overrides`` go to the profile's Hypothesis settings (e.g.
-    ``database=None``).  ``bounded``: the deadline bounds shrinking and reduction too (``kvspec fuzz``;
-    the mutant campaign's budget is the time to find).  ``announce`` gets one line at the first finding."""
-    from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
-    from harness.run.profiles import generates, profile_settings
-    from harness.traces.trace import Trace, trace_to_json
-
-    stats = RunStats(poll=SIGNALS.poll, shrink_stall=opts.shrink_stall)
-    machines = {
-        fam: make_machine(fam, factory, opts.target, opts.relation, stats, opts.step_timeout, kv_check=opts.kv_check)
-        for fam in opts.families
-    }
-    res = FuzzResult()
+    """Run ``target`` (its driver) over ``opts.families`` until the deadline (``opts.seconds``), a
+    finding, a signal (``SIGNALS``, where installed), the plan's last turn, or ``should_stop()``.
+    ``settings_overrides`` go to the profile's Hypothesis settings (e.g. ``database=None``).
+    ``bounded``: the deadline bounds shrinking and reduction too (``kvspec fuzz``; the mutant
+    campaign's budget is the time to find).  ``announce`` gets the run's lines: a family skipped, the
+    first finding.  ``NothingToRun`` when the driver runs none of the chosen families."""
     start = time.monotonic()
-    stats.started = start
     deadline = start + opts.seconds
-    if bounded:
-        stats.deadline, stats.shrink_share = deadline, _shrink_share(opts)
-    if announce is not None:
-        stats.on_finding = lambda finding, bound: announce(_found_line(finding, stats, bound, opts, bounded))
-    # The replay profile only re-runs the database's examples: one turn per family is all there is.
-    last_batch = None if generates(opts.profile) else len(opts.families)
-    batch = 0
-    while time.monotonic() < deadline and res.trace is None and res.stopped is None and batch != last_batch:
-        if (should_stop is not None and should_stop()) or SIGNALS.signum is not None:
-            break
-        fam = opts.families[(batch + worker) % len(opts.families)]
-        seed = opts.seed * 1_000_003 + batch * workers + worker
-        batch += 1
-        t0 = time.monotonic()
-        try:
-            run_machine(
-                machines[fam],
-                profile_settings(opts.profile, **{"max_examples": opts.batch, **(settings_overrides or {})}),
-                seed=seed,
-                shrink_seconds=opts.shrink_seconds,
-            )
-        except unittest.SkipTest as e:  # the replay profile with nothing stored for this machine is no run at all
-            if last_batch is None:
-                res.found_family, res.stopped = fam, f"SkipTest: {e}"
-        except Interrupted as e:  # while generating or shrinking: the smallest failing trace so far, as it is
-            res.interrupted = e.signum
-            _keep_finding(res, stats, opts, seed, fam, factory, None, shortest=True)
-        except ShrinkStalled:  # shrinking stopped helping: the smallest failing trace so far, reduced
-            _keep_finding(res, stats, opts, seed, fam, factory, deadline if bounded else None, shortest=True)
-        except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            res.found_family = fam
-            if not _keep_finding(res, stats, opts, seed, fam, factory, deadline if bounded else None):
-                res.stopped = f"{type(e).__name__}: {e}"
-        res.batches[fam] += 1
-        res.family_time[fam] = res.family_time.get(fam, 0.0) + time.monotonic() - t0
-        res.examples, res.steps = stats.examples, stats.steps
-        res.elapsed = time.monotonic() - start
-        if on_batch is not None:
-            on_batch(res, res.elapsed)
-    res.examples, res.steps = stats.examples, stats.steps
-    res.events = Counter(stats.events)
-    res.known = Counter(stats.known)
-    for bug_id, (finding, steps, config) in stats.known_first.items():
-        known = Trace(
-            config=config,
-            steps=steps,
-            target_name=opts.target,
-            target_version=stats.target_version,
-            seed=opts.seed,
-            profile=opts.profile,
-            relation=opts.relation,
-            finding=finding.to_json(),
+    hooks = _hooks(opts, start, deadline, bounded, announce)
+    driver = target.driver(target.factory, drive_settings(opts, settings_overrides), hooks)
+    with driver.session():
+        plan = driver.plan(opts.families)
+        if not plan.families:
+            raise NothingToRun(f"none of the chosen families runs on target {opts.target}: {plan.note}")
+        for fam, why in plan.skipped.items():
+            _say(announce, f"kvspec fuzz: family {fam} skipped: {why}")
+        res = FuzzResult(skipped=dict(plan.skipped), families=(*plan.families, *plan.skipped))
+        loop = _Loop(opts, driver, res, start, deadline, bounded, announce)
+        loop.turns(plan.families, plan.turns, worker, workers, should_stop, on_batch)
+        _tally(driver, res, start)
+    return res
+
+
+def drive_settings(opts: FuzzOptions, overrides: dict[str, Any] | None = None) -> DriveSettings:
+    """What a driver is told of the run (``harness.drivers.base.DriveSettings``)."""
+    from harness.run.profiles import generates, profile_settings
+
+    hyp = {"max_examples": opts.batch, "database": _database(opts), **(overrides or {})}
+    return DriveSettings(
+        target=opts.target,
+        checks=opts.checks(),
+        seed=opts.seed,
+        profile=opts.profile,
+        hypothesis=profile_settings(opts.profile, **hyp),
+        generates=generates(opts.profile),
+        shrink_seconds=opts.shrink_seconds,
+        shrink_stall=opts.shrink_stall,
+        reduce_seconds=opts.reduce_seconds,
+        world_checks=not opts.no_world_checks,
+        agreement=not opts.no_agreement,
+    )
+
+
+def _database(opts: FuzzOptions) -> Any:
+    from harness.run.profiles import database
+
+    return database(opts.db)
+
+
+def _hooks(
+    opts: FuzzOptions, start: float, deadline: float, bounded: bool, announce: Callable[[str], None] | None
+) -> DriveHooks:
+    def on_found(kind: str, bound: int) -> None:
+        _say(announce, _found_line(kind, time.monotonic() - start, bound, opts, bounded))
+
+    return DriveHooks(
+        poll=SIGNALS.poll,
+        stopping=lambda: SIGNALS.signum is not None,
+        ends=deadline,
+        deadline=deadline if bounded else None,
+        shrink_share=_shrink_share(opts),
+        on_found=on_found if announce is not None else None,
+    )
+
+
+class _Loop:
+    """The turns of one run, and what each leaves in the ``FuzzResult``."""
+
+    def __init__(
+        self,
+        opts: FuzzOptions,
+        driver: Driver,
+        res: FuzzResult,
+        start: float,
+        deadline: float,
+        bounded: bool,
+        announce: Callable[[str], None] | None,
+    ) -> None:
+        self.opts, self.driver, self.res = opts, driver, res
+        self.start, self.deadline, self.bounded, self.announce = start, deadline, bounded, announce
+
+    def turns(
+        self,
+        families: Sequence[str],
+        last: int | None,
+        worker: int,
+        workers: int,
+        should_stop: Callable[[], bool] | None,
+        on_batch: Callable[[FuzzResult, float], None] | None,
+    ) -> None:
+        """Turn after turn, each family in rotation with its seed, until the run is over."""
+        res, turn = self.res, 0
+        while time.monotonic() < self.deadline and res.trace is None and res.stopped is None and turn != last:
+            if (should_stop is not None and should_stop()) or SIGNALS.signum is not None:
+                break
+            if all(f in res.skipped for f in families):
+                break
+            fam = families[(turn + worker) % len(families)]
+            seed = self.driver.turn_seed(self.opts.seed, turn, worker, workers)
+            turn += 1
+            if fam in res.skipped:
+                continue
+            t0 = time.monotonic()
+            self.record(fam, self.driver.run_turn(fam, seed))
+            res.batches[fam] += 1
+            res.family_time[fam] = res.family_time.get(fam, 0.0) + time.monotonic() - t0
+            res.examples, res.steps = self.driver.progress()
+            res.elapsed = time.monotonic() - self.start
+            if on_batch is not None:
+                on_batch(res, res.elapsed)
+
+    def record(self, fam: str, out: TurnOutcome) -> None:
+        """What one turn leaves: a signal, a family skipped, a finding (reduced), or a stop."""
+        res = self.res
+        if out.interrupted is not None:
+            res.interrupted = out.interrupted
+        if out.skipped is not None:
+            res.skipped[fam] = out.skipped
+            _say(self.announce, f"kvspec fuzz: family {fam} skipped: {out.skipped}")
+        if out.found is not None:
+            self.keep(self.reduced(out.found))
+        elif out.stopped is not None:
+            res.found_family, res.stopped = fam, out.stopped
+
+    def reduced(self, found: Found) -> Found:
+        """``found`` reduced by its driver within ``--reduce-seconds`` (and, bounded, the time left);
+        as it is after a signal."""
+        if self.res.interrupted is not None:
+            return found
+        seconds = float(self.opts.reduce_seconds)
+        if self.bounded:
+            seconds = min(seconds, self.deadline - time.monotonic())
+        if seconds <= 0 or SIGNALS.signum is not None:
+            return found
+        return self.driver.reduce(found, seconds)
+
+    def keep(self, found: Found) -> None:
+        from harness.traces.trace import trace_to_json
+
+        res = self.res
+        res.found_family, res.shrunk_steps, res.first_finding_after = (
+            found.family,
+            found.shrunk_steps,
+            found.first_after,
         )
-        res.known_traces.setdefault(bug_id, trace_to_json(known))
-    res.skipped = dict(stats.skipped)
+        res.shrink_examples = found.shrink_examples
+        res.trace, res.summary = trace_to_json(found.trace), found.finding.summary()
+
+
+def _tally(driver: Driver, res: FuzzResult, start: float) -> None:
+    """The driver's counts over the run, into ``res``."""
     res.elapsed = time.monotonic() - start
+    tally = driver.tally(res.elapsed)
+    res.examples, res.steps, res.events, res.known = tally.examples, tally.steps, tally.events, tally.known
+    res.known_traces = dict(tally.known_traces)
+    res.skipped.update(tally.skipped)
+    res.detail = tally.detail
     if res.interrupted is None:
         res.interrupted = SIGNALS.signum
-    return res
+
+
+def _say(announce: Callable[[str], None] | None, line: str) -> None:
+    if announce is not None:
+        announce(line)
 
 
 def _shrink_share(opts: FuzzOptions) -> float:
@@ -194,12 +258,11 @@ def _shrink_share(opts: FuzzOptions) -> float:
     return shrink / (shrink + reduce) if shrink + reduce > 0 else 1.0
 
 
-def _found_line(finding: Any, stats: Any, shrink_bound: int, opts: FuzzOptions, bounded: bool) -> str:
+def _found_line(kind: str, after: float, shrink_bound: int, opts: FuzzOptions, bounded: bool) -> str:
     """What ``announce`` prints at the first finding (tests and users wait for it)."""
-    after = stats.first_finding_after or 0.0
     within = f", within --seconds {opts.seconds:g}" if bounded else ""
     return (
-        f"kvspec fuzz: found a failing example after {after:.1f}s ({finding.kind}); {_shrinking(opts, shrink_bound)}, "
+        f"kvspec fuzz: found a failing example after {after:.1f}s ({kind}); {_shrinking(opts, shrink_bound)}, "
         f"then reducing it for up to {float(opts.reduce_seconds):g}s{within} "
         "(SIGINT or SIGTERM: stop and write the smallest so far)"
     )
@@ -210,107 +273,6 @@ def _shrinking(opts: FuzzOptions, bound: int) -> str:
     if opts.shrink_stall == 0:
         return "no Hypothesis shrinking (--shrink-stall 0)"
     return f"shrinking it while that shortens it (stops after {opts.shrink_stall} examples without, or {bound}s)"
-
-
-def _keep_finding(
-    res: FuzzResult,
-    stats: Any,
-    opts: FuzzOptions,
-    seed: int,
-    fam: str,
-    factory: Callable[[], Any],
-    deadline: float | None,
-    shortest: bool = False,
-) -> bool:
-    """Put the finding ``stats`` recorded into ``res``: Hypothesis' shrunk one, or (``shortest``:
-    shrinking was stopped) the smallest recorded so far; reduced (within ``deadline``), except after a
-    signal (``res.interrupted``), which keeps it as it is.  False when there is none."""
-    from harness.traces.trace import trace_to_json
-
-    trace = finding_trace(stats, opts.target, seed, opts.profile, fam, opts.relation, best=shortest)
-    if trace is None:
-        return False
-    res.found_family, res.shrunk_steps, res.first_finding_after = fam, len(trace.steps), stats.first_finding_after
-    res.shrink_examples = stats.shrink_examples
-    finding = recorded(stats, shortest)[0]
-    if res.interrupted is None:
-        trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout, deadline)
-    res.trace, res.summary = trace_to_json(trace), finding.summary()
-    return True
-
-
-def reduce_finding(
-    trace: Any,
-    finding: Any,
-    factory: Callable[[], Any],
-    seconds: float,
-    step_timeout: float,
-    deadline: float | None = None,
-) -> tuple[Any, Any]:
-    """The Hypothesis-shrunk finding reduced further by replaying operations (``harness.traces.reduce``)
-    for up to ``seconds`` (``--reduce-seconds``; each target call up to ``step_timeout``), and not past
-    ``deadline`` (a signal stops it with the smallest trace so far); the trace unchanged when reduction
-    is off or finds nothing smaller."""
-    from harness.traces.reduce import reduce_trace
-
-    if deadline is not None:
-        seconds = min(seconds, deadline - time.monotonic())
-    if seconds <= 0 or SIGNALS.signum is not None:
-        return trace, finding
-    try:
-        red = reduce_trace(
-            trace.config,
-            trace.ops,
-            finding,
-            factory,
-            trace.relation,
-            seconds,
-            step_timeout,
-            should_stop=lambda: SIGNALS.signum is not None,
-        )
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # noqa: BLE001 - it does not replay outside Hypothesis (a flaky target, a factory
-        return trace, finding  # that raises, even SystemExit): keep it as shrunk
-    trace.config, trace.steps, trace.finding = red.config, list(red.steps), red.finding.to_json()
-    return trace, red.finding
-
-
-def recorded(stats: Any, best: bool = False) -> tuple[Any, list[tuple[Any, Any]], Any]:
-    """The finding ``stats`` recorded last (``best``: the shortest so far, when there is one), with its
-    steps and config; the finding is None when there is none."""
-    if best and stats.best is not None:
-        return stats.best  # type: ignore[no-any-return]
-    return stats.finding, stats.finding_steps, stats.finding_config
-
-
-def finding_trace(
-    stats: Any,
-    target: str,
-    seed: int | None,
-    profile: str | None,
-    family: str,
-    relation: str,
-    best: bool = False,
-) -> Any:
-    """The ``Trace`` of the finding ``stats`` recorded last (``best``: the shortest so far); None when
-    the run stopped without one."""
-    from harness.traces.trace import Trace
-
-    finding, steps, config = recorded(stats, best)
-    if finding is None or config is None:
-        return None
-    return Trace(
-        config=config,
-        steps=list(steps),
-        target_name=target,
-        target_version=stats.target_version,
-        seed=seed,
-        profile=profile,
-        family=family,
-        relation=relation,
-        finding=finding.to_json(),
-    )
 
 
 def progress_line(elapsed: float, res: FuzzResult, families: Sequence[str], workers: int = 1) -> str:

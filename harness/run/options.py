@@ -5,7 +5,10 @@
   ``workers``, ``harness.vllm_sched.fuzz``) is given; built once, by ``FuzzOptions.from_namespace``
   from the command line (every option checked there) or by the constructor;
 - ``MutantsOptions``: ``kvspec mutants`` (``harness.campaign``), which makes one ``FuzzOptions`` per row;
-- ``fuzz_environ``: the options the worker processes and the lockstep read from the environment.
+- ``from_environ``: the settings kvspec takes from the environment (``KVSPEC_DB``,
+  ``KVSPEC_TARGET_MEMORY_MB``, ``KVSPEC_FULL_CHECK_EVERY``, ``KVSPEC_VLLM_PROFILE``), read only at the
+  edges (the CLI, the pytest plugin) into the options; nothing below reads the environment, and the
+  worker processes get the options themselves.
 
 The command lines take their defaults from these classes, so the two cannot drift apart.
 """
@@ -17,10 +20,12 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
+
+from harness.check.settings import CheckSettings
 
 T = TypeVar("T")
 
@@ -61,13 +66,34 @@ class FuzzOptions:
     db: str | None = None  # the example database (default $KVSPEC_DB, else the profile's)
     workers: int = 1  # processes on the one database (harness.run.workers)
     junit_xml: str | None = None  # also write JUnit XML here
+    memory_mb: float | None = None  # the target's memory growth bound (KVSPEC_TARGET_MEMORY_MB; None: off)
+    full_check_every: int | None = None  # whole observations every N operations (KVSPEC_FULL_CHECK_EVERY; None: auto)
+    assume_release: str | None = (
+        None  # the known vLLM release an unknown installed one is taken for (KVSPEC_VLLM_PROFILE)
+    )
+
+    def checks(self) -> CheckSettings:
+        """How each lockstep of the run is checked (``harness.check.settings.CheckSettings``)."""
+        return CheckSettings(
+            relation=self.relation,
+            step_timeout=self.step_timeout,
+            ledger=not self.no_ledger,
+            strict_known=self.strict_known,
+            memory_mb=self.memory_mb,
+            full_check_every=self.full_check_every,
+            kv_check=self.kv_check,
+        )
 
     @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> FuzzOptions:
-        """``kvspec fuzz``'s parsed options, every one checked before any work (``UsageError`` names
-        the option and why)."""
+    def from_namespace(cls, ns: argparse.Namespace, environ: Mapping[str, str]) -> FuzzOptions:
+        """``kvspec fuzz``'s parsed options and the settings ``environ`` holds (``from_environ``), every
+        one checked before any work (``UsageError`` names the option or variable and why)."""
+        env = from_environ(environ)
+        if ns.db is None:
+            ns.db = env.pop("db")
+        env.pop("db", None)
         families = _check_fuzz_options(ns)  # --relation left out (None): the default here; ``kvspec fuzz``
-        return _built(cls, ns, families=families, relation=ns.relation or cls.relation)  # then asks the target
+        return _built(cls, ns, families=families, relation=ns.relation or cls.relation, **env)  # then asks the target
 
 
 @dataclass(frozen=True)
@@ -164,14 +190,9 @@ def _check_relation(relation: str) -> None:
 
 def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
-    from harness.check.memory_guard import bound_from_env
-    from harness.core.glimpse import check_full_check_every_env
     from harness.run.profiles import check_database, profile_settings
 
     _check_numbers(ns, FUZZ_NUMBERS)
-    with _as_usage_error():
-        bound_from_env()  # KVSPEC_TARGET_MEMORY_MB (harness.check.memory_guard)
-        check_full_check_every_env()  # KVSPEC_FULL_CHECK_EVERY (harness.core.glimpse)
     families = check_choices(ns.family, ns.relation)
     with _as_usage_error():
         check_database(ns.db)
@@ -254,26 +275,18 @@ def _check_writable_folder(option: str, folder: str, shown: str) -> None:
         raise UsageError(f"{option} {shown!r}: not a usable path: {e}") from None
 
 
-ENVIRON = ("KVSPEC_DB", "KVSPEC_LEDGER", "KVSPEC_STRICT_KNOWN")
+def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings kvspec takes from the environment, checked (``UsageError`` names the variable):
+    ``db`` (``KVSPEC_DB``), ``memory_mb`` (``KVSPEC_TARGET_MEMORY_MB``), ``full_check_every``
+    (``KVSPEC_FULL_CHECK_EVERY``), ``assume_release`` (``KVSPEC_VLLM_PROFILE``).  Only the edges call
+    it: the CLI, the pytest plugin."""
+    from harness.check.memory_guard import parse_memory_bound
+    from harness.core.glimpse import parse_full_check_every
 
-
-@contextlib.contextmanager
-def fuzz_environ(opts: FuzzOptions) -> Iterator[None]:
-    """The options the worker processes (and the lockstep) read from the environment, set for the
-    block; the caller's environment is put back afterwards (``kvspec``'s ``main`` may be called
-    again in the same process)."""
-    saved = {n: os.environ.get(n) for n in ENVIRON}
-    try:
-        if opts.db:
-            os.environ["KVSPEC_DB"] = opts.db  # this process' profiles, and the workers it starts
-        if opts.no_ledger:
-            os.environ["KVSPEC_LEDGER"] = "0"  # harness.check.lockstep.ledger_enabled, here and in the workers
-        if opts.strict_known:
-            os.environ["KVSPEC_STRICT_KNOWN"] = "1"  # harness.ledger.known_bugs.strict_known, likewise
-        yield
-    finally:
-        for n, v in saved.items():
-            if v is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = v
+    with _as_usage_error():
+        return {
+            "db": environ.get("KVSPEC_DB") or None,
+            "memory_mb": parse_memory_bound(environ.get("KVSPEC_TARGET_MEMORY_MB", "")),
+            "full_check_every": parse_full_check_every(environ.get("KVSPEC_FULL_CHECK_EVERY", "auto")),
+            "assume_release": environ.get("KVSPEC_VLLM_PROFILE", "").strip() or None,
+        }

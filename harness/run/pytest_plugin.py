@@ -25,6 +25,7 @@ In a test of one's own, the ``kvspec`` fixture does the same for one target and 
 
 from __future__ import annotations
 
+import os
 import unittest
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -34,7 +35,7 @@ from typing import Any
 import pytest
 
 import harness.run.profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
-from harness.run.options import FuzzOptions, UsageError, check_choices
+from harness.run.options import FuzzOptions, UsageError, check_choices, from_environ
 
 SUITE = Path(__file__).with_name("pytest_suite.py")
 
@@ -81,19 +82,21 @@ def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("kvspec_target")
     if target is None:
         return
-    from harness.mutants.registry import resolve_target
+    from harness.run.catalogue import resolve
     from harness.run.relation_choice import choose_relation
     from harness.targets import TargetLoadError
 
     given = config.getoption("kvspec_relation")
     try:
         families = check_choices(config.getoption("kvspec_family"), given)
-        factory = resolve_target(target)
-        choice = choose_relation(given, target, factory)
+        entry = _lockstep_entry(resolve(target, from_environ(os.environ)["assume_release"]))
+        factory = entry.factory
+        choice = choose_relation(given, entry)
         db = _database(config.getoption("kvspec_db"))
     except (UsageError, ValueError, TargetLoadError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
     opts = plugin_options(config, target=target, families=families, relation=choice.relation)
+    opts = replace(opts, **{k: v for k, v in from_environ(os.environ).items() if k != "db"})
     _SUITE = Suite(opts, factory, db, f"kvspec: target {target}, {choice.line()}")
     if config.getoption("kvspec_only"):
         config.args[:] = [str(SUITE)]
@@ -134,10 +137,18 @@ def plugin_options(config: pytest.Config, **chosen: Any) -> FuzzOptions:
     )
 
 
+def _lockstep_entry(entry: Any) -> Any:
+    """``entry`` if the lockstep driver runs it (the plugin's machines are Hypothesis' state machines);
+    ``UsageError`` otherwise."""
+    from harness.drivers.lockstep import LockstepDriver
+
+    if entry.driver is not LockstepDriver:
+        raise UsageError(f"target {entry.name} is not a manager the state machines drive; use kvspec fuzz")
+    return entry
+
+
 def _database(spec: str | None) -> Any:
     """``--kvspec-db``, else ``KVSPEC_DB``, else the loaded profile's database."""
-    import os
-
     from hypothesis import settings
 
     from harness.run.profiles import check_database
@@ -168,30 +179,40 @@ def run_family(
     opts: FuzzOptions, factory: Callable[[], Any], family: str, db: Any = None, hyp_settings: Any = None
 ) -> None:
     """Run kvspec's state machine for ``family`` of ``opts`` (its target, relation, step timeout and
-    shrinking bound; ``hyp_settings``, else the loaded profile on ``db``); a finding fails the test
-    with its report path (under ``opts.out``)."""
-    from harness.check.machine import RunStats, ShrinkStalled, make_machine, run_machine
-    from harness.run.fuzzing import finding_trace, recorded, reduce_finding
+    shrinking bound; ``hyp_settings``, else the loaded profile on ``db``) as one turn of the lockstep
+    driver (``harness.drivers.lockstep``); a finding, reduced by the same driver, fails the test with
+    its report path (under ``opts.out``)."""
     from harness.traces.report import replay_command, write_report
 
-    stats = RunStats(shrink_stall=opts.shrink_stall)
-    machine = make_machine(family, factory, opts.target, opts.relation, stats, opts.step_timeout)
-    try:
-        run_machine(machine, hyp_settings or machine_settings(db), shrink_seconds=opts.shrink_seconds)
-    except (AssertionError, ShrinkStalled) as e:  # stalled: the shortest failing trace so far
-        shortest = isinstance(e, ShrinkStalled)
-        trace = finding_trace(stats, opts.target, None, None, family, opts.relation, shortest)
-        finding = recorded(stats, shortest)[0]
-        if trace is None or finding is None:
-            raise
-    else:
-        if family in stats.skipped:  # the target declined every config of the family: nothing was checked
-            pytest.skip(f"kvspec: {opts.target} models no config of family {family}: {stats.skipped[family]}")
+    driver = lockstep_driver(opts, factory, hyp_settings or machine_settings(db))
+    driver.plan((family,))
+    out = driver.run_turn(family, None)
+    if out.skipped is not None:  # the target declined every config of the family: nothing was checked
+        pytest.skip(f"kvspec: {opts.target} models no config of family {family}: {out.skipped}")
+    if out.found is None:
+        if out.stopped is not None:
+            pytest.fail(f"kvspec: the run stopped on {out.stopped}", pytrace=False)
         return
-    trace, finding = reduce_finding(trace, finding, factory, opts.reduce_seconds, opts.step_timeout)
-    report = write_report(opts.out, trace)
-    replay = replay_command(report, trace.target_name)
-    pytest.fail(f"kvspec: {finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
+    found = driver.reduce(out.found, float(opts.reduce_seconds))
+    report = write_report(opts.out, found.trace)
+    replay = replay_command(report, found.trace.target_name)
+    pytest.fail(f"kvspec: {found.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
+
+
+def lockstep_driver(opts: FuzzOptions, factory: Callable[[], Any], hyp_settings: Any, poll: Any = None) -> Any:
+    """The lockstep driver of ``opts``' target under ``hyp_settings`` (pytest's or HypoFuzz's own)."""
+    from harness.drivers.base import DriveHooks, DriveSettings
+    from harness.drivers.lockstep import LockstepDriver
+
+    settings = DriveSettings(
+        target=opts.target,
+        checks=opts.checks(),
+        hypothesis=hyp_settings,
+        shrink_seconds=opts.shrink_seconds,
+        shrink_stall=opts.shrink_stall,
+        reduce_seconds=opts.reduce_seconds,
+    )
+    return LockstepDriver(factory, settings, DriveHooks(poll=poll) if poll is not None else DriveHooks())
 
 
 PROGRESS_SECONDS = 5.0
@@ -230,12 +251,10 @@ def progress_poll(name: str, stats: Any, every: float = PROGRESS_SECONDS) -> Cal
 def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
     """``TestKVSpec_<family>``: one unittest case whose ``runTest`` is kvspec's machine (HypoFuzz
     recognises it as a state-machine test through ``_hypothesis_state_machine_class``)."""
-    from harness.check.machine import RunStats, make_machine
-
     o = suite.options
-    stats = RunStats()
-    stats.poll = progress_poll(f"TestKVSpec_{family}", stats)  # HypoFuzz drives this machine directly
-    machine = make_machine(family, suite.factory, o.target, o.relation, stats, o.step_timeout)
+    driver = lockstep_driver(o, suite.factory, None)
+    driver.stats.poll = progress_poll(f"TestKVSpec_{family}", driver.stats)  # HypoFuzz drives this machine directly
+    machine = driver.machine(family)
 
     def runTest(self: unittest.TestCase) -> None:
         run_family(o, suite.factory, family, hyp_settings=type(self).settings)  # type: ignore[attr-defined]
@@ -270,19 +289,20 @@ class KVSpecFixture:
 
     def check(self, target: str | Callable[[], Any], family: str = "full", relation: str | None = None) -> None:
         """Run ``target`` on ``family`` under ``relation`` (None: the target's own, relation_choice)."""
-        from harness.mutants.registry import resolve_target
+        from harness.run.catalogue import CatalogueEntry, resolve
         from harness.run.relation_choice import choose_relation
         from harness.targets import TargetLoadError, check_target
         from harness.world.families import parse_families
 
         try:
             if isinstance(target, str):
-                name, factory = target, resolve_target(target)
+                entry = _lockstep_entry(resolve(target, self.options.assume_release))
             else:
-                name, factory = getattr(target, "__qualname__", "target"), target
-                check_target(factory, name)
+                entry = CatalogueEntry(getattr(target, "__qualname__", "target"), target)
+                check_target(entry.factory, entry.name)
+            name, factory = entry.name, entry.factory
             families = tuple(parse_families(family))
-            choice = choose_relation(relation, name, factory)
+            choice = choose_relation(relation, entry)
         except (ValueError, TargetLoadError, UsageError) as e:
             pytest.fail(f"kvspec: {e}", pytrace=False)
         opts = replace(self.options, target=name, families=families, relation=choice.relation)
@@ -293,7 +313,9 @@ class KVSpecFixture:
 @pytest.fixture
 def kvspec(pytestconfig: pytest.Config) -> KVSpecFixture:
     try:
+        env = from_environ(os.environ)
         db = _database(pytestconfig.getoption("kvspec_db"))
-    except ValueError as e:
+    except (ValueError, UsageError) as e:
         raise pytest.UsageError(f"kvspec: {e}") from None
-    return KVSpecFixture(plugin_options(pytestconfig), db)
+    opts = replace(plugin_options(pytestconfig), **{k: v for k, v in env.items() if k != "db"})
+    return KVSpecFixture(opts, db)

@@ -5,9 +5,10 @@
 - else the target's own declaration: a target (its factory, or the object the factory builds) may
   carry ``relation = "exact" | "outcomes" | "invariants"`` and ``relation_reason = "..."``
   (docs/targets.md); ``examples/my_manager.py`` declares ``invariants``;
-- else the built-in targets that model vLLM block for block (``spec``, ``vllm``, ``impl``,
-  ``mutant:NAME``): ``exact``; ``vllm-fixed`` (vLLM with proposed fixes, different by design):
-  ``invariants``;
+- else the relation the target's catalogue entry gives (``harness.run.catalogue``: the built-in
+  targets that model vLLM block for block, ``spec``, ``vllm``, ``impl``, ``vllm-scheduler`` and
+  ``mutant:NAME``, get ``exact``; ``vllm-fixed``, vLLM with proposed fixes, different by design,
+  ``invariants``);
 - else (a ``package.module:factory`` that declares nothing: a manager that is not vLLM):
   ``invariants``, the spec's invariants and the KV ledger on the target's own state.
 
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.run.options import UsageError
 
-VLLM_LIKE = ("spec", "vllm", "impl")  # built-in targets that model vLLM block for block
+if TYPE_CHECKING:
+    from harness.run.catalogue import CatalogueEntry
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,14 @@ class RelationChoice:
         return f"relation {self.relation} ({self.why}); the KV ledger is {'on' if ledger else 'off (--no-ledger)'}"
 
 
-def choose_relation(given: str | None, target: str, factory: Callable[[], Any] | None) -> RelationChoice:
-    """The relation for ``target`` (its resolved ``factory``), ``given`` on the command line or None."""
+def choose_relation(given: str | None, entry: CatalogueEntry) -> RelationChoice:
+    """The relation for the target of ``entry``, ``given`` on the command line or None."""
     if given is not None:
         return RelationChoice(given, "--relation given")
-    if target in VLLM_LIKE or target.startswith("mutant:"):
-        return RelationChoice("exact", f"{target} models vLLM block for block; the default for it")
-    if target == "vllm-fixed":
-        return RelationChoice("invariants", "vllm-fixed carries proposed fixes, so it differs from vLLM by design")
-    declared = _declared(target, factory)
+    if entry.relation is not None:
+        return RelationChoice(entry.relation, entry.relation_reason)
+    target = entry.name
+    declared = _declared(target, entry.factory)
     if declared is not None:
         return declared
     return RelationChoice(

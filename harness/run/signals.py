@@ -14,22 +14,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from harness.drivers.base import Interrupted, signal_name
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during ``kvspec fuzz`` (raised by ``StopSignals.poll`` inside an example, or by
-    the handler while a target loads).  A ``KeyboardInterrupt``, so Hypothesis neither takes it for a
-    failure nor shrinks it: it stops."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal_name(signum))
-        self.signum = signum
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+__all__ = ["SIGNALS", "Interrupted", "StopSignals", "signal_name"]
 
 
 class StopSignals:

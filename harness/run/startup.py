@@ -3,11 +3,11 @@ process is (what "from a cold start" means in ``kvspec fuzz``'s and ``kvspec mut
 
 ``process_seconds()`` is the age of this process: on Linux read from ``/proc`` (interpreter start
 included), elsewhere the time since this module was first imported.  ``cold_start_seconds(target)``
-runs ``python -m harness.run.startup TARGET`` in a fresh process, which does what ``kvspec fuzz
---target TARGET`` does before its first example (import kvspec, resolve and build the target, reset
-it on a first config, import Hypothesis and build the state machine) and exits (for vLLM's real
-scheduler, ``python -m harness.vllm_sched.build``, which builds one); the figure is that
-process' whole wall time.  Nothing here is asserted on: the figures are printed.
+runs ``python -m harness.run.catalogue TARGET`` in a fresh process, which does what ``kvspec fuzz
+--target TARGET`` does before its first example (import kvspec, resolve and build the target, and
+its catalogue entry's warm-up: reset it on a first config, import Hypothesis and build the state
+machines, or for vLLM's real scheduler build one) and exits; the figure is that process' whole wall
+time.  Nothing here is asserted on: the figures are printed.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 
 _IMPORTED = time.monotonic()
-# The module a target's start-up runs in (``python -m MODULE TARGET``): vLLM's real scheduler builds one.
-WARM_UP = {"vllm-scheduler": "harness.vllm_sched.build"}
 
 
 def process_seconds() -> float:
@@ -36,11 +34,11 @@ def process_seconds() -> float:
 
 
 def cold_start_seconds(target: str, timeout: float = 300.0) -> float | None:
-    """Wall seconds of a fresh ``python -m harness.run.startup TARGET`` (None if it failed)."""
+    """Wall seconds of a fresh ``python -m harness.run.catalogue TARGET`` (None if it failed)."""
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", WARM_UP.get(target, "harness.run.startup"), target],
+            [sys.executable, "-m", "harness.run.catalogue", target],
             capture_output=True,
             timeout=timeout,
             check=False,
@@ -50,14 +48,6 @@ def cold_start_seconds(target: str, timeout: float = 300.0) -> float | None:
     return time.perf_counter() - t0 if done.returncode == 0 else None
 
 
-def startup_target(origin: str, target: str) -> str:
-    """The target whose start-up a cold ``kvspec fuzz`` of a ``kvspec mutants`` row pays: the built-in
-    one its mutant patches (``origin``), or the user's ``package.module:factory`` (``target``, less
-    its ``#mutant``)."""
-    builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
-    return builtin.get(origin, target.split("#", 1)[0])
-
-
 def cold_report_seconds(to_report: float, target: str, startups: dict[str, float | None]) -> float | None:
     """``to_report`` plus the start-up of a fresh process for ``target`` (measured once per target, kept
     in ``startups``); None when the start-up could not be measured."""
@@ -65,21 +55,3 @@ def cold_report_seconds(to_report: float, target: str, startups: dict[str, float
         startups[target] = cold_start_seconds(target)
     up = startups[target]
     return None if up is None else up + to_report
-
-
-def warm_up(target: str) -> None:
-    """What ``kvspec fuzz --target TARGET`` does before its first example."""
-    from harness.check.machine import RunStats, make_machine
-    from harness.mutants.registry import resolve_target
-    from harness.world.families import FAMILIES
-    from spec.config import KVCacheConfig, full_attention
-    from spec.types import BlockCount, TokenCount
-
-    factory = resolve_target(target)
-    factory().reset(KVCacheConfig(BlockCount(16), (full_attention(16),), TokenCount(256)))
-    for family in FAMILIES:
-        make_machine(family, factory, target, "exact", RunStats())
-
-
-if __name__ == "__main__":
-    warm_up(sys.argv[1])

@@ -1,6 +1,6 @@
 """``kvspec fuzz --workers N``: N Hypothesis engines, one per process, on the one example database.
 
-Each worker is the ordinary fuzzing loop (``harness.run.fuzzing.run_fuzz``) in a process of the standard
+Each worker is the one run loop (``harness.run.fuzzing.run_fuzz``) in a process of the standard
 library's ``ProcessPoolExecutor``, with its own seeds and family rotation (worker ``i`` starts at
 family ``i``); all of them read and write the example database that ``--db`` / ``KVSPEC_DB`` names (a
 folder on one machine, a Redis server across machines).  The parent prints one progress line and
@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from harness.run.fuzzing import FuzzResult, fuzz_factory, progress_line, run_fuzz
+from harness.run.catalogue import fuzz_target
+from harness.run.fuzzing import FuzzResult, progress_line, run_fuzz
 from harness.run.options import FuzzOptions
 from harness.run.signals import SIGNALS
 
@@ -65,7 +66,7 @@ def _work(opts: FuzzOptions, worker: int, workers: int, tty: bool = False) -> Fu
 
     return run_fuzz(
         opts,
-        fuzz_factory(opts),
+        fuzz_target(opts),
         worker,
         workers,
         should_stop=_STOP.is_set,

@@ -60,14 +60,15 @@ class VllmUnavailable(ImportError):
     """vLLM is not importable in this environment, or is a release kvspec does not model."""
 
 
-_V: SimpleNamespace | None = None
+_V: dict[str | None, SimpleNamespace] = {}  # by the release assumed for an unknown one (None: none)
 
 
-def _vllm() -> SimpleNamespace:
-    """Import the pieces of vLLM the adapter uses and probe the release (once per process; ~6 s)."""
-    global _V
-    if _V is not None:
-        return _V
+def _vllm(assume_release: str | None = None) -> SimpleNamespace:
+    """Import the pieces of vLLM the adapter uses and probe the release (once per process and assumed
+    release; ~6 s).  ``assume_release``: the known release to model an unknown installed one as
+    (``KVSPEC_VLLM_PROFILE``, read at the edges; harness.targets.vllm_release.installed_profile)."""
+    if assume_release in _V:
+        return _V[assume_release]
     try:
         import torch
         import vllm._version as version
@@ -87,11 +88,16 @@ def _vllm() -> SimpleNamespace:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     try:
         api = probe(
-            version.__version__, KVCacheManager, kv_cache_utils.KVCacheBlock, BlockHashToBlockMap, SamplingParams
+            version.__version__,
+            KVCacheManager,
+            kv_cache_utils.KVCacheBlock,
+            BlockHashToBlockMap,
+            SamplingParams,
+            assume_release,
         )
     except UnknownRelease as e:
         raise VllmUnavailable(str(e)) from None
-    _V = SimpleNamespace(
+    _V[assume_release] = SimpleNamespace(
         api=api,
         torch=torch,
         version=version,
@@ -107,7 +113,7 @@ def _vllm() -> SimpleNamespace:
         Request=Request,
         RequestStatus=RequestStatus,
     )
-    return _V
+    return _V[assume_release]
 
 
 def vllm_version() -> str:
@@ -151,9 +157,9 @@ class VllmTarget(ManagerAdapter[Any]):
 
     name = "vllm"
 
-    def __init__(self) -> None:
+    def __init__(self, assume_release: str | None = None) -> None:
         super().__init__()
-        self._v = _vllm()
+        self._v = _vllm(assume_release)
         self.api = self._v.api
         self.profile: Profile = self.api.profile  # the release this target models (bind_release)
         self._reader = Reader(self.api, self._key_tokens)

@@ -25,7 +25,6 @@ meaningful one: the spec's exact behaviour is that release's, not the installed 
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,10 +83,11 @@ def _accepted(
     return out
 
 
-def installed_profile(version: str) -> Profile:
-    """The profile of ``version``, or of the release ``KVSPEC_VLLM_PROFILE`` names for an unknown one;
-    ``UnknownRelease`` otherwise, saying how to check such a release anyway."""
-    assumed = os.environ.get(ASSUME_ENV, "").strip()
+def installed_profile(version: str, assumed: str | None = None) -> Profile:
+    """The profile of ``version``, or of the release ``assumed`` names (``KVSPEC_VLLM_PROFILE``, read
+    at the edges into the run's options) for an unknown one; ``UnknownRelease`` otherwise, saying how
+    to check such a release anyway."""
+    assumed = (assumed or "").strip()
     if assumed:
         return profile_for(require_known(assumed))
     try:
@@ -99,7 +99,9 @@ def installed_profile(version: str) -> Profile:
         ) from None
 
 
-def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling_cls: Any) -> VllmApi:
+def probe(
+    version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling_cls: Any, assumed: str | None = None
+) -> VllmApi:
     """The ``VllmApi`` of the installed release (module docstring)."""
     slots = fields_of(block_cls)
     hash_attr = "_block_hash" if "_block_hash" in slots else "block_hash"
@@ -108,7 +110,7 @@ def probe(version: str, manager_cls: Any, block_cls: Any, map_cls: Any, sampling
     manager_params = _params(manager_cls.__init__)
     return VllmApi(
         version=version,
-        profile=installed_profile(version),
+        profile=installed_profile(version, assumed),
         manager_params=manager_params,
         manager_renames={
             new: old

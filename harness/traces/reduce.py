@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from harness.check.lockstep import Finding, FindingError, Lockstep
+from harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from harness.core import ops as O
 from harness.targets.base import Target, Unsupported
 from harness.targets.spec import SpecTarget
@@ -68,13 +69,11 @@ def run_ops(
     config: KVCacheConfig,
     ops: Ops,
     target_factory: Callable[[], Target],
-    relation: str,
-    step_timeout: float | None = 10.0,
-    ledger: bool | None = None,
+    checks: CheckSettings,
 ) -> tuple[Finding | None, list[tuple[O.Op, object]]]:
-    """Replay ``ops`` in lockstep on a fresh spec and target: the first finding (or None) and
-    the steps applied, with the reference's outcomes."""
-    ls = Lockstep(config, target_factory(), relation, step_timeout, ledger=ledger)
+    """Replay ``ops`` in lockstep on a fresh spec and target, checked as ``checks`` says: the first
+    finding (or None) and the steps applied, with the reference's outcomes."""
+    ls = Lockstep(config, target_factory(), checks)
     try:
         ls.start()
         for op in ops:
@@ -96,7 +95,7 @@ def is_valid_trace(config: KVCacheConfig, ops: Ops, finding: Finding | None = No
     finding being reduced is a ``reference-invariant`` one, and the spec against itself breaks that
     invariant too; such a trace is valid when that same finding, at its last operation, is the only
     problem (everything before it was accepted with every invariant holding)."""
-    found, steps = run_ops(config, ops, SpecTarget, "exact", ledger=True)
+    found, steps = run_ops(config, ops, SpecTarget, CheckSettings())
     if found is None:
         return len(steps) == len(ops)
     return (
@@ -114,14 +113,13 @@ class _Reducer:
         ops: Ops,
         finding: Finding,
         target_factory: Callable[[], Target],
-        relation: str,
+        checks: CheckSettings,
         deadline: float,
-        step_timeout: float | None,
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.config, self.ops, self.finding = config, ops, finding
-        self.target_factory, self.relation = target_factory, relation
-        self.deadline, self.step_timeout, self.should_stop = deadline, step_timeout, should_stop
+        self.target_factory, self.checks = target_factory, checks
+        self.deadline, self.should_stop = deadline, should_stop
         self.replays = 0
         self.steps: list[tuple[O.Op, object]] = []
 
@@ -134,7 +132,7 @@ class _Reducer:
         if self.out_of_time():
             return False
         self.replays += 1
-        found, steps = run_ops(config, ops, self.target_factory, self.relation, self.step_timeout)
+        found, steps = run_ops(config, ops, self.target_factory, self.checks)
         if found is None or not same_finding(found, self.finding):
             return False
         if not is_valid_trace(config, [op for op, _ in steps], found):
@@ -200,18 +198,17 @@ def reduce_trace(
     ops: Ops,
     finding: Finding,
     target_factory: Callable[[], Target],
-    relation: str = "exact",
+    checks: CheckSettings = DEFAULT_CHECKS,
     seconds: float = 10.0,
-    step_timeout: float | None = 10.0,
     should_stop: Callable[[], bool] | None = None,
 ) -> Reduction:
     """The smallest trace found within ``seconds`` (or until ``should_stop()``, checked before each
     candidate) that still ends in ``finding`` (the original trace, cut after its failing step, when
     nothing smaller replays to it)."""
     t0 = time.monotonic()
-    r = _Reducer(config, list(ops), finding, target_factory, relation, t0 + seconds, step_timeout, should_stop)
+    r = _Reducer(config, list(ops), finding, target_factory, checks, t0 + seconds, should_stop)
     r.replays += 1
-    found, steps = run_ops(config, list(ops), target_factory, relation, step_timeout)
+    found, steps = run_ops(config, list(ops), target_factory, checks)
     if found is None or not same_finding(found, finding):
         raise ValueError(f"the trace does not replay to its finding ({finding.summary()}): nothing to reduce")
     r.finding, r.steps, r.ops = found, steps, [op for op, _ in steps]

@@ -4,18 +4,18 @@ The trace's operations are applied in lockstep (``harness.check.lockstep``, with
 relation), and each outcome is also compared with the one recorded in the trace.  The result says
 where and how the run first departed from the record, or that it behaved as recorded.
 
-A trace is data and never chooses code to run: ``replay_target`` takes the target from the command
-line, or else the trace's recorded one only if it is built in (``harness.mutants.registry.is_builtin_target``)
-or the user trusts the file (``--trust-trace-target``).
+A trace is data and never chooses code to run: ``harness.run.catalogue.replay_target`` takes the
+target from the command line, or else the trace's recorded one only if it is built in, or if the user
+trusts the file (``--trust-trace-target``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from harness.check.lockstep import Finding, FindingError, Lockstep
+from harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from harness.core.equality import outcome_difference
 from harness.targets.base import Target, Unsupported
 from harness.traces.trace import Trace
@@ -29,29 +29,10 @@ class ReplayResult:
     finding: Finding | None = None
 
 
-class UntrustedTarget(Exception):
-    """A trace records a ``package.module:factory`` target and the user chose none (exit 2)."""
-
-
-def replay_target(trace: Trace, path: str | Path, target: str | None, trust: bool) -> str:
-    """The target to replay ``trace`` (read from ``path``) on: ``target`` (``--target``) if given;
-    else the recorded one if it is built in, or if ``trust`` (``--trust-trace-target``)."""
-    from harness.mutants.registry import is_builtin_target
-
-    if target:
-        return target
-    if trust or is_builtin_target(trace.target_name):
-        return trace.target_name
-    raise UntrustedTarget(
-        f"{path}: the trace records target {trace.target_name!r}, which is not a built-in target (spec, impl, "
-        "vllm, mutant:NAME) but code to import and call; a trace file does not choose code to run. "
-        "Choose the target with --target X (e.g. --target spec), or, if you trust this file, "
-        "use its recorded target with --trust-trace-target"
-    )
-
-
-def replay(trace: Trace, target_factory: Callable[[], Target], step_timeout: float | None = 10.0) -> ReplayResult:
-    ls = Lockstep(trace.config, target_factory(), trace.relation, step_timeout)
+def replay(trace: Trace, target_factory: Callable[[], Target], checks: CheckSettings = DEFAULT_CHECKS) -> ReplayResult:
+    """Replay ``trace`` on a fresh target of ``target_factory``, checked as ``checks`` says under the
+    trace's own relation: ok when every step behaves as recorded."""
+    ls = Lockstep(trace.config, target_factory(), replace(checks, relation=trace.relation))
     try:
         ls.start()
         for i, (op, recorded) in enumerate(trace.steps):

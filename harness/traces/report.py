@@ -27,45 +27,22 @@ from pathlib import Path
 
 import pytest
 
-from harness.traces.replay import replay
-from harness.targets import target_factory
+from harness.run.catalogue import replay_recorded
+from harness.targets import TargetLoadError
 from harness.traces.trace import read_trace
 
 TRACE = Path(__file__).with_name("trace.json")
 
 
 def test_replay_{ident}() -> None:
-    trace = read_trace(TRACE)
     try:
-        factory = target_factory({target!r})
-    except Exception as e:  # the target is not installed here
+        result = replay_recorded(read_trace(TRACE), str(TRACE), {target!r})
+    except TargetLoadError as e:  # the target is not installed here
         pytest.skip(f"target {target!r} not available: {{e}}")
-    result = replay(trace, factory)
     assert result.ok, result.message
 '''
-
-
-SCHEDULER_REPLAY_TEST = '''"""Replays {name} by re-driving vLLM's real scheduler from its recorded run:
-fails while the finding it records is still there."""
-
-from pathlib import Path
-
-import pytest
-
-from harness.traces.trace import read_trace
-
-TRACE = Path(__file__).with_name("trace.json")
-
-
-def test_replay_{ident}() -> None:
-    pytest.importorskip("vllm", reason="re-drives vLLM's real scheduler")
-    from harness.vllm_sched.fuzz import replay_scheduler_run
-
-    result = replay_scheduler_run(read_trace(TRACE), str(TRACE))
-    assert result.ok, result.message
-'''
-"""The replay test of a finding only the real scheduler's run reproduces (recorded target
-``vllm-scheduler``: harness.vllm_sched.fuzz.needs_world)."""
+"""The replay test of a report: the trace replayed by its target's driver (harness.run.catalogue: the
+manager lockstep replays its operations; vLLM's real scheduler re-drives its recorded run)."""
 
 
 def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> Path:
@@ -84,9 +61,8 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
     try:
         (tmp / "trace.json").write_text(dumps_trace(trace), encoding="utf-8")
         ident = "".join(c if c.isalnum() else "_" for c in dest.name)
-        template = SCHEDULER_REPLAY_TEST if trace.target_name == "vllm-scheduler" else REPLAY_TEST
         (tmp / f"test_replay_{ident}.py").write_text(
-            template.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
+            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
         )
         (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
         mask = os.umask(0o022)  # reading the umask means setting it: put back at once
@@ -146,9 +122,9 @@ def _replay_command(trace: Trace) -> str:
 def replay_command(folder: str | Path, target_name: str) -> str:
     """``kvspec replay`` of a report folder; a target that is not built in is named with ``--target``
     (replay never takes such a target from the trace file itself)."""
-    from harness.mutants.registry import is_builtin_target
+    from harness.core.target_names import is_user_target
 
-    if is_builtin_target(target_name):
+    if not is_user_target(target_name):
         return f"kvspec replay {folder}"
     return f"kvspec replay {folder} --target {target_name}"
 

@@ -23,6 +23,7 @@ from math import lcm
 from typing import Any
 
 from harness.check.finding import Finding, FindingError
+from harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from harness.targets.spec_journal import SpecJournal
 from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
 from harness.vllm_sched.mirror import ModelMirror, WorldStep
@@ -106,7 +107,7 @@ class RunResult:
     finding: FindingError | None = None
     steps: list[tuple[Any, Any]] = field(default_factory=list)
     skipped: str | None = None
-    relation: str = "exact"
+    checks: CheckSettings = DEFAULT_CHECKS  # how its lockstep was checked (relation included)
     known_hits: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
     known_first: dict[str, tuple[Finding, list[tuple[Any, Any]]]] = field(default_factory=dict)
     draws: Counter[str] = field(default_factory=Counter)  # integer draws per label (harness.vllm_sched.reduce)
@@ -326,7 +327,7 @@ def run_one(
     max_engine_steps: int = 200,
     max_ops: int = 8000,
     deadline: float | None = None,
-    relation: str = "exact",
+    checks: CheckSettings = DEFAULT_CHECKS,
     stop: Callable[[], bool] | None = None,
     world_facts: bool = True,
     conservation: bool = True,
@@ -334,13 +335,13 @@ def run_one(
 ) -> RunResult:
     """One real scheduler with the spec in lockstep behind its manager, driven until
     ``max_engine_steps``, ``max_ops`` mirrored operations, ``deadline``, ``stop()`` (asked before
-    each engine step: a signal came) or the first finding.  The world's checks
+    each engine step: a signal came) or the first finding, checked as ``checks`` says.  The world's checks
     (``harness.vllm_sched.world_checks``: ``world_facts``, ``conservation``) and, with ``agreement``, kvspec's scheduler
     model beside the real one (``harness.vllm_sched.mirror``) run after every engine step."""
 
     sched, spec_config = build_scheduler(config, knobs)
-    res = RunResult(spec_config, knobs, relation=relation)
-    sink = LockstepSink(spec_config, sched.kv_cache_manager, relation)
+    res = RunResult(spec_config, knobs, checks=checks)
+    sink = LockstepSink(spec_config, sched.kv_cache_manager, checks)
     proxy = install(sched, sink)
     driver = Driver(sched, spec_config, knobs, ch, on_phase=sink.set_phase if agreement else None)
     driver.checks = WorldChecks(sink, world_facts, conservation)

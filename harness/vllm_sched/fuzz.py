@@ -1,42 +1,39 @@
-"""``kvspec fuzz --target vllm-scheduler``: vLLM's real scheduler driven for N seconds, the spec in
-lockstep behind its ``KVCacheManager`` (``harness.vllm_sched.driver.run_one``).
+"""The real-scheduler driver: ``kvspec fuzz --target vllm-scheduler`` (and ``mutant:NAME`` of a
+deliberate scheduler bug), vLLM's real scheduler driven with the spec in lockstep behind its
+``KVCacheManager`` (``harness.vllm_sched.driver.run_one``), run by the one loop (``harness.run.fuzzing``).
 
-Runs follow each other until ``--seconds`` is spent: run ``i`` draws a family of the chosen ones in
-turn, a config of it and the scheduler knobs from ``SeededChoices(Random(seed, i))``, so ``--seed``
-reproduces a run.  Families the real scheduler cannot run on CPU are skipped with a message.  The
-first finding writes the usual report folder (``harness.traces.report.write_report``; its ``trace.json``
-holds ordinary harness operations, reduced on the real manager, so ``kvspec replay`` reproduces it
-on ``--target vllm`` or ``spec``; ``--target vllm-scheduler`` re-drives the real scheduler from the
-run's family and seed, ``replay_scheduler_run``) and exits 1; otherwise a summary (engine steps,
-manager calls per second) and exit 0.
-SIGINT or SIGTERM (``harness.run.signals``) stops the run before its next engine step: a finding of the
-run under way is still written, the summary printed, and the exit status is 130 or 143.
+One turn is one run of the real scheduler: turn ``i`` draws a family of the chosen ones in turn, a
+config of it and the scheduler knobs from ``SeededChoices(Random(seed, i))`` (``run_seed``), so
+``--seed`` reproduces a run.  Families the real scheduler cannot run on CPU are skipped with a message.
+A finding is reduced first where its inputs are (the scheduler re-driven with simpler world draws,
+``harness.vllm_sched.reduce``), then, when its operations alone reproduce it, by replaying them on the
+real manager (``harness.traces.reduce``).  Its ``trace.json`` holds ordinary harness operations, so
+``kvspec replay`` reproduces it on ``--target vllm`` or ``spec``; a finding only the world's checks or
+the agreement see records ``--target vllm-scheduler``, whose replay re-drives the real scheduler from
+the run's family and seed (``replay_scheduler_run``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.check.finding import Finding
-from harness.ledger.known_bugs import get_known_bug
-from harness.run.options import FuzzOptions
-from harness.run.signals import signal_name
+from harness.drivers.base import DriveHooks, DriveSettings, Found, Plan, Tally, TurnOutcome
 from harness.targets.base import Unsupported
-from harness.traces.trace import Trace
+from harness.traces.trace import Trace, trace_to_json
 from harness.vllm_sched.build import SchedKnobs
 from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult
 
 if TYPE_CHECKING:
     from harness.traces.replay import ReplayResult
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 TARGET_NAME = "vllm-scheduler"
 
 
@@ -87,7 +84,7 @@ def finding_trace(
         target_version=vllm_version(),
         seed=seed,
         family=family,
-        relation=res.relation,
+        relation=res.checks.relation,
         finding=finding.to_json(),
         extra={
             "driver": TARGET_NAME,
@@ -98,38 +95,6 @@ def finding_trace(
     )
 
 
-def write_finding(
-    out: str, res: RunResult, family: str, seed: int, reduce_seconds: float, stop: Callable[[], bool] | None = None
-) -> Path:
-    """The report of a run that ended in a finding, reduced for up to ``reduce_seconds``: first the
-    run itself, re-driving the real scheduler with simpler inputs (``harness.vllm_sched.reduce``;
-    call this under the scheduler mutant the run had, if any), then its operations, replayed on the
-    real manager (``harness.traces.reduce``; it keeps only traces the spec accepts as a caller's), then
-    written (``harness.traces.report``)."""
-    from harness.run.fuzzing import reduce_finding
-    from harness.targets.vllm import VllmTarget
-    from harness.traces.report import write_report
-    from harness.vllm_sched.reduce import reduce_scheduler_run
-
-    assert res.finding is not None
-    start = time.monotonic()
-    reduced = reduce_scheduler_run(res, family, seed, 0.7 * reduce_seconds, should_stop=stop)
-    small = reduced.result
-    assert small.finding is not None
-    trace = finding_trace(small, family, seed, overrides=reduced.overrides)
-    if not needs_world(small.finding.finding):  # the operations alone reproduce it on the real manager
-        left = max(0.0, reduce_seconds - (time.monotonic() - start))
-        trace, _ = reduce_finding(trace, small.finding.finding, VllmTarget, left, step_timeout=10.0)
-    trace.extra["recorded_steps"] = len(res.steps)
-    trace.extra["scheduler_reduction"] = {
-        "runs": reduced.runs,
-        "seconds": round(reduced.seconds, 3),
-        "steps_before": len(res.steps),
-        "steps_after": len(small.steps),
-    }
-    return write_report(out, trace)
-
-
 def needs_world(finding: Finding) -> bool:
     """Does the finding come from the world's checks or the agreement (``harness.vllm_sched.world_checks``,
     ``harness.vllm_sched.mirror``), so that only re-driving the real scheduler reproduces it
@@ -137,39 +102,10 @@ def needs_world(finding: Finding) -> bool:
     return finding.kind in ("conservation", "agreement") or finding.witness.get("check") == "world"
 
 
-def recorded_by_scheduler(paths: Sequence[str]) -> bool:
-    """Do the traces under ``paths`` all record ``--target vllm-scheduler`` (a finding that only
-    re-driving the real scheduler reproduces, ``needs_world``)?  False when they cannot be read:
-    ``kvspec replay`` then says why."""
-    from harness.core.strict_json import TraceFormatError
-    from harness.traces.folders import find_traces
-
-    try:
-        found = find_traces(list(paths))
-    except (TraceFormatError, ValueError, OSError):
-        return False
-    return bool(found.traces) and all(t.target_name == TARGET_NAME for _, t in found.traces)
-
-
 def replay_hint(finding: Finding, dest: Path) -> str:
     if needs_world(finding):
         return f"kvspec replay {dest}   (re-drives the real scheduler: --target {TARGET_NAME})"
     return f"kvspec replay {dest} --target vllm   (or --target spec)"
-
-
-def first_finding(families: Sequence[str], seconds: float, seed: int) -> tuple[RunResult | None, str, int, int, float]:
-    """Runs of ``families`` in turn (seeded as ``kvspec fuzz`` seeds them) until one ends in a finding
-    or ``seconds`` pass: (that run or None, its family, its seed, runs made, seconds to the finding)."""
-    start = time.monotonic()
-    deadline = start + seconds
-    i = 0
-    while time.monotonic() < deadline:
-        family, s = families[i % len(families)], run_seed(seed, i)
-        i += 1
-        res = one_run(family, s, deadline=deadline)
-        if res.finding is not None:
-            return res, family, s, i, time.monotonic() - start
-    return None, "", 0, i, time.monotonic() - start
 
 
 MAX_REPLAY_ENGINE_STEPS = 100_000
@@ -231,189 +167,130 @@ def knobs_json(knobs: SchedKnobs) -> dict[str, Any]:
     }
 
 
-def fuzz_scheduler(
-    families: list[str],
-    seconds: float,
-    seed: int,
-    out: str,
-    say: Callable[[str], None] | None = None,
-    relation: str = "exact",
-    reduce_seconds: float = 10.0,
-    checks: Mapping[str, bool] | None = None,
-) -> int:
-    """The whole ``kvspec fuzz --target vllm-scheduler`` run; the exit status.  ``checks``: the
-    world's checks and the agreement turned off or on (``run_one``'s ``world_facts``,
-    ``conservation``, ``agreement``; all on by default)."""
-    from harness.run.signals import SIGNALS, Interrupted
+class SchedulerDriver:
+    """vLLM's real scheduler as a driver of the one loop (module docstring); ``mutant``: a deliberate
+    scheduler bug (``harness.mutants.vllm_scheduler``) patched in for the whole run."""
 
-    def emit(line: str) -> None:
-        (say or (lambda s: print(s, file=sys.stderr, flush=True)))(line)
+    one_process = True  # one real scheduler per process; no --workers
+    kv_check = False  # no KV-content oracle behind the real scheduler
 
-    with SIGNALS.installed():
+    def __init__(
+        self, factory: Callable[[], Any], settings: DriveSettings, hooks: DriveHooks, mutant: str | None = None
+    ) -> None:
+        self.settings, self.hooks, self.mutant = settings, hooks, mutant
+        self.started = time.monotonic()
+        self.totals: Counter[str] = Counter()  # runs, engine steps, manager calls, operations, requests
+        self.manager_seconds = 0.0
+        self.known: Counter[str] = Counter()
+        self.known_traces: dict[str, dict[str, Any]] = {}
+
+    def session(self) -> AbstractContextManager[None]:
+        from harness.mutants.vllm_scheduler import patched
+
+        return patched(self.mutant) if self.mutant else contextlib.nullcontext()
+
+    def plan(self, families: Sequence[str]) -> Plan:
+        runs, others = scheduler_families(list(families))
+        skipped = {f: "the real scheduler does not run it on CPU here" for f in others}
+        off = [name for name, on in self.world_checks().items() if not on]
+        note = f"choose from {', '.join(SCHED_FAMILIES)}" if not runs else (f"off: {', '.join(off)}" if off else "")
+        return Plan(tuple(runs), skipped, note=note)
+
+    def world_checks(self) -> dict[str, bool]:
+        """``run_one``'s switches for the world's checks and the agreement."""
+        s = self.settings
+        return {"world_facts": s.world_checks, "conservation": s.world_checks, "agreement": s.agreement}
+
+    def turn_seed(self, seed: int, turn: int, worker: int, workers: int) -> int:
+        return run_seed(seed, turn * workers + worker)
+
+    def run_turn(self, family: str, seed: int | None) -> TurnOutcome:
+        """One run of the real scheduler: a family it cannot build is skipped; the scheduler raising
+        outside a manager call stops the run, saying how to reproduce it."""
+        assert seed is not None, "the real scheduler's runs are always seeded"
         try:
-            return _fuzz_scheduler(families, seconds, seed, out, emit, relation, reduce_seconds, dict(checks or {}))
-        except Interrupted as e:  # while vLLM was loading
-            emit(f"kvspec fuzz: interrupted by {signal_name(e.signum)} while vLLM loaded; nothing run")
-            return 128 + e.signum
+            res = one_run(
+                family,
+                seed,
+                None,
+                deadline=self.hooks.ends,
+                checks=self.settings.checks,
+                stop=self.hooks.stopping,
+                **self.world_checks(),
+            )
+        except Unsupported as e:
+            return TurnOutcome(skipped=f"{e} (seed {seed})")
+        except Exception as e:  # noqa: BLE001 - the real scheduler itself failed: said, not a traceback
+            where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            return TurnOutcome(
+                stopped=f"the real scheduler raised outside a manager call ({where}); family {family}, run seed "
+                f"{seed}; reproduce with: python -c 'from harness.vllm_sched.fuzz import one_run; "
+                f'one_run("{family}", {seed})\''
+            )
+        self.count(res, family, seed)
+        if res.finding is None:
+            return TurnOutcome()
+        after = time.monotonic() - self.started
+        found = Found(finding_trace(res, family, seed), res.finding.finding, family, after, len(res.steps))
+        found.state = (res, seed)
+        return TurnOutcome(found=found)
 
-
-def _fuzz_scheduler(
-    families: list[str],
-    seconds: float,
-    seed: int,
-    out: str,
-    emit: Callable[[str], None],
-    relation: str,
-    reduce_seconds: float,
-    checks: dict[str, bool],
-) -> int:
-    from harness.run.signals import SIGNALS
-    from harness.targets.vllm import VllmUnavailable, _vllm
-    from harness.traces.report import write_report
-
-    try:
-        with SIGNALS.armed():
-            _vllm()
-    except VllmUnavailable as e:
-        emit(f"kvspec fuzz: {e}")
-        return EXIT_USAGE
-    runs, skipped = scheduler_families(families)
-    for f in skipped:
-        emit(f"kvspec fuzz: family {f} skipped: the real scheduler does not run it on CPU here")
-    if not runs:
-        known = ", ".join(SCHED_FAMILIES)
-        emit(f"kvspec fuzz: none of the chosen families runs on the real scheduler (choose from {known})")
-        return EXIT_USAGE
-    off = [name for name, on in checks.items() if not on]
-    emit(
-        f"kvspec fuzz: target {TARGET_NAME}, families {','.join(runs)}, up to {seconds:g}s, seed {seed}; "
-        f"reports to {out}" + (f"; off: {', '.join(off)}" if off else "")
-    )
-    start = time.monotonic()
-    deadline = start + seconds
-    totals = {"runs": 0, "engine_steps": 0, "calls": 0, "ops": 0, "requests": 0}
-    manager_seconds = 0.0
-    known_hits: Counter[str] = Counter()
-    known_reports: dict[str, str] = {}
-    unsupported: dict[str, str] = {}
-    i = 0
-
-    def signalled() -> bool:
-        return SIGNALS.signum is not None
-
-    try:
-        while time.monotonic() < deadline and not signalled():
-            family = runs[i % len(runs)]
-            s = run_seed(seed, i)
-            i += 1
-            if family in unsupported:
-                if len(unsupported) == len(runs):
-                    break
-                continue
-            try:
-                res = one_run(family, s, None, deadline=deadline, relation=relation, stop=signalled, **checks)
-            except Unsupported as e:
-                unsupported[family] = str(e)
-                emit(f"kvspec fuzz: family {family} skipped (seed {s}): {e}")
-                continue
-            except Exception as e:  # noqa: BLE001 - the real scheduler itself failed: said, not a traceback
-                where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                emit(f"kvspec fuzz: the real scheduler raised outside a manager call ({where})")
-                emit(
-                    f"kvspec fuzz: family {family}, run seed {s}; reproduce with: python -c 'from "
-                    f'harness.vllm_sched.fuzz import one_run; one_run("{family}", {s})\''
-                )
-                return EXIT_FOUND
-            totals["runs"] += 1
-            totals["engine_steps"] += res.engine_steps
-            totals["calls"] += res.manager_calls
-            totals["ops"] += res.ops
-            totals["requests"] += res.requests
-            manager_seconds += res.manager_seconds
-            known_hits.update(res.known_hits)
-            for bug_id, (first, steps) in res.known_first.items():
-                if bug_id not in known_reports:
-                    trace = finding_trace(res, family, s, first, steps)
-                    name = f"known-{bug_id}-{get_known_bug(bug_id).name}"
-                    known_reports[bug_id] = str(write_report(out, trace, name=name))
-            if res.finding is not None:
-                dest = write_finding(out, res, family, s, reduce_seconds, stop=signalled)
-                emit(f"kvspec fuzz: {res.finding.finding.summary()}")
-                emit(f"kvspec fuzz: family {family}, run seed {s}; report written to {dest}")
-                emit(f"kvspec fuzz: replay it with: {replay_hint(res.finding.finding, dest)}")
-                return 128 + SIGNALS.signum if SIGNALS.signum is not None else EXIT_FOUND
-    except KeyboardInterrupt:  # a signal before the handlers were in place, or a second one
-        emit("kvspec fuzz: interrupted; nothing found so far")
-        return EXIT_INTERRUPTED
-    elapsed = max(time.monotonic() - start, 1e-9)
-    if SIGNALS.signum is not None:
-        emit(f"kvspec fuzz: interrupted by {signal_name(SIGNALS.signum)}; nothing found so far")
-    emit(
-        f"kvspec fuzz: no finding in {elapsed:.1f}s: {totals['runs']} scheduler runs, "
-        f"{totals['engine_steps']} engine steps ({totals['engine_steps'] / elapsed:.0f}/s), "
-        f"{totals['calls']} manager calls mirrored ({totals['calls'] / elapsed:.0f}/s), "
-        f"{totals['ops']} operations, {totals['requests']} requests; "
-        f"{1e6 * manager_seconds / max(totals['calls'], 1):.1f} us per bare manager call"
-    )
-    for bug_id, n in sorted(known_hits.items()):
-        bug = get_known_bug(bug_id)
-        emit(
-            f"kvspec fuzz: known bug {bug_id} ({bug.name}): {n} hits; {bug.status}; report "
-            f"{known_reports.get(bug_id, '-')}; see {bug.report}"
+    def count(self, res: RunResult, family: str, seed: int) -> None:
+        """A run's figures into the totals; the first meeting of each known bug as its trace."""
+        self.totals.update(
+            runs=1, engine_steps=res.engine_steps, calls=res.manager_calls, ops=res.ops, requests=res.requests
         )
-    return 128 + SIGNALS.signum if SIGNALS.signum is not None else EXIT_OK
+        self.manager_seconds += res.manager_seconds
+        self.known.update(res.known_hits)
+        for bug_id, (first, steps) in res.known_first.items():
+            if bug_id not in self.known_traces:
+                self.known_traces[bug_id] = trace_to_json(finding_trace(res, family, seed, first, steps))
 
+    def progress(self) -> tuple[int, int]:
+        return self.totals["runs"], self.totals["ops"]
 
-def handles(target: str) -> bool:
-    """Is ``--target`` this driver's: ``vllm-scheduler``, or ``mutant:NAME`` of a scheduler mutant?"""
-    from harness.mutants.vllm_scheduler import MUTANTS
+    def reduce(self, found: Found, seconds: float) -> Found:
+        """First the run itself, re-driving the real scheduler with simpler inputs for 70% of
+        ``seconds`` (under the session's mutant, if any), then its operations replayed on the real
+        manager (``harness.drivers.base.reduce_finding``: it keeps only traces the spec accepts as a
+        caller's), when they alone reproduce the finding."""
+        from harness.drivers.base import reduce_finding
+        from harness.targets.vllm import VllmTarget
+        from harness.vllm_sched.reduce import reduce_scheduler_run
 
-    return target == TARGET_NAME or (target.startswith("mutant:") and target.split(":", 1)[1] in MUTANTS)
+        res, seed = found.state
+        start = time.monotonic()
+        reduced = reduce_scheduler_run(res, found.family, seed, 0.7 * seconds, should_stop=self.hooks.stopping)
+        small = reduced.result
+        assert small.finding is not None
+        trace = finding_trace(small, found.family, seed, overrides=reduced.overrides)
+        finding = small.finding.finding
+        if not needs_world(finding):  # the operations alone reproduce it on the real manager
+            left = max(0.0, seconds - (time.monotonic() - start))
+            trace, finding = reduce_finding(trace, finding, VllmTarget, small.checks, left, self.hooks.stopping)
+        trace.extra["recorded_steps"] = len(res.steps)
+        trace.extra["scheduler_reduction"] = {
+            "runs": reduced.runs,
+            "seconds": round(reduced.seconds, 3),
+            "steps_before": len(res.steps),
+            "steps_after": len(small.steps),
+        }
+        found.trace, found.finding = trace, finding
+        return found
 
-
-def fuzz_cli(opts: FuzzOptions) -> int:
-    """``kvspec fuzz`` with ``--target vllm-scheduler`` or ``--target mutant:NAME`` (a deliberate
-    scheduler bug of ``harness.mutants.vllm_scheduler``, active for the whole run); options already
-    checked by the CLI."""
-    unused = [
-        opt
-        for opt, on in (
-            ("--kv-check", opts.kv_check),
-            ("--workers", opts.workers > 1),
-            ("--junit-xml", opts.junit_xml is not None),
+    def tally(self, elapsed: float) -> Tally:
+        t = self.totals
+        detail = (
+            f"{t['runs']} scheduler runs, {t['engine_steps']} engine steps ({t['engine_steps'] / elapsed:.0f}/s), "
+            f"{t['calls']} manager calls mirrored ({t['calls'] / elapsed:.0f}/s), {t['requests']} requests; "
+            f"{1e6 * self.manager_seconds / max(t['calls'], 1):.1f} us per bare manager call"
         )
-        if on
-    ]
-    if unused:
-        print(
-            f"kvspec fuzz: {', '.join(unused)} not used with the real scheduler (one process, no oracle)",
-            file=sys.stderr,
+        return Tally(
+            t["runs"], t["ops"], known=Counter(self.known), known_traces=dict(self.known_traces), detail=detail
         )
 
-    def run() -> int:
-        return fuzz_scheduler(
-            list(opts.families),
-            opts.seconds,
-            opts.seed,
-            opts.out,
-            relation=opts.relation,
-            reduce_seconds=opts.reduce_seconds,
-            checks={
-                "world_facts": not opts.no_world_checks,
-                "conservation": not opts.no_world_checks,
-                "agreement": not opts.no_agreement,
-            },
-        )
+    def check_trace(self, trace: Trace, where: str) -> None:
+        scheduler_run_of(trace, where)
 
-    if opts.target == TARGET_NAME:
-        return run()
-    from harness.mutants.vllm_scheduler import patched
-    from harness.targets.vllm import VllmUnavailable, _vllm
-
-    try:
-        _vllm()
-    except VllmUnavailable as e:
-        print(f"kvspec fuzz: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    with patched(opts.target.split(":", 1)[1]):
-        return run()
+    def replay(self, trace: Trace, where: str) -> ReplayResult:
+        return replay_scheduler_run(trace, where, self.mutant)

@@ -161,7 +161,7 @@ class _Reducer:
         self.runs += 1
         ov = {**self.overrides, **changes}
         limits = {"max_engine_steps": best.engine_steps, "deadline": self.deadline}
-        r = run_overridden(self.family, self.seed, ov, relation=best.relation, **limits)
+        r = run_overridden(self.family, self.seed, ov, checks=best.checks, **limits)
         if r.finding is None or not same_finding(r.finding.finding, best.finding.finding) or r.ops >= best.ops:
             return False
         self.best, self.overrides = r, ov

@@ -9,9 +9,11 @@ lockstep run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from harness.check.lockstep import Lockstep
+from harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from harness.core import ops as O
 from harness.core.book import BookRequest
 from harness.core.observation import Observation
@@ -110,10 +112,11 @@ at every engine step's end)."""
 class LockstepSink:
     """Mirrors every operation into a ``Lockstep`` (spec beside the passive real manager)."""
 
-    def __init__(self, config: KVCacheConfig, manager: Any, relation: str = "exact") -> None:
+    def __init__(self, config: KVCacheConfig, manager: Any, checks: CheckSettings = DEFAULT_CHECKS) -> None:
         self.target = PassiveVllmTarget(manager)
         # Glimpses after each operation, the whole state at each engine step's end (``end_of_step``).
-        self.lockstep = Lockstep(config, self.target, relation, step_timeout=None, full_check_every=FULL_CHECK_EVERY)
+        checks = replace(checks, step_timeout=None, full_check_every=FULL_CHECK_EVERY)
+        self.lockstep = Lockstep(config, self.target, checks)
         self.lockstep.start()
         self.world: Any = None  # harness.vllm_sched.world_checks.WorldChecks, told each request operation
         self.phase, self.calls = "world", list[tuple[str, O.Op]]()  # manager calls by phase (the agreement)

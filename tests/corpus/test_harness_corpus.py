@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.mutants.registry import resolve_target
+from harness.run.catalogue import resolve
 from harness.traces.replay import replay
 from harness.traces.trace import read_trace
 
@@ -31,13 +31,13 @@ def test_corpus_is_not_empty():
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_trace_replays_as_recorded(path, target):
-    result = replay(read_trace(path), resolve_target(target))
+    result = replay(read_trace(path), resolve(target).factory)
     assert result.ok, f"{target}: {result.message}"
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_the_bug_it_was_found_with_still_fails(path):
-    result = replay(read_trace(path), resolve_target(f"mutant:{path.stem}"))
+    result = replay(read_trace(path), resolve(f"mutant:{path.stem}").factory)
     assert not result.ok, f"mutant:{path.stem} replays {path.name} cleanly: the entry lost its teeth"
 
 

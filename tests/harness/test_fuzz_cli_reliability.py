@@ -30,6 +30,7 @@ import harness.run.fuzzing
 import harness.run.workers
 import harness.traces.reduce
 import harness.traces.report
+from harness.check.settings import CheckSettings
 from harness.cli import main
 from harness.mutants.spec import make_mutant
 from harness.traces.replay import replay
@@ -125,7 +126,7 @@ def test_unwritable_out_exits_2(no_fuzzing, tmp_path, capsys):
 
 # --- SystemExit from a target ------------------------------------------------------------------------
 
-FACTORIES = '''
+FACTORIES = """
     import sys
     from harness.targets.spec import SpecTarget
 
@@ -147,7 +148,7 @@ FACTORIES = '''
 
     def exits_in_apply():
         return ExitingTarget()
-'''
+"""
 
 
 @pytest.fixture
@@ -327,7 +328,7 @@ def test_the_best_so_far_is_the_shortest_failing_trace():
 def test_reducer_stops_when_told():
     trace = read_trace(ROOT / "tests" / "corpus" / "hit_cap_num_tokens.json")
     mutant = lambda: make_mutant("hit_cap_num_tokens")  # noqa: E731
-    found, _ = harness.traces.reduce.run_ops(trace.config, trace.ops, mutant, trace.relation)
+    found, _ = harness.traces.reduce.run_ops(trace.config, trace.ops, mutant, CheckSettings(relation=trace.relation))
     assert found is not None
     red = harness.traces.reduce.reduce_trace(
         trace.config, trace.ops, found, mutant, seconds=600, should_stop=lambda: True

@@ -13,6 +13,7 @@ from harness.bench.lockstep import pool_runs
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
 from harness.check.machine import RunStats, make_machine, run_machine
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.core.glimpse import ENV, full_check_every, parse_full_check_every
 from harness.mutants.spec import MUTANTS, make_mutant
@@ -29,7 +30,7 @@ def runs() -> dict[int, tuple[KVCacheConfig, list[O.Op]]]:
 
 
 def _replay(config: KVCacheConfig, ops: list[O.Op], target: Any, every: int | None) -> Lockstep:
-    ls = Lockstep(config, target, "exact", None, full_check_every=every)
+    ls = Lockstep(config, target, CheckSettings(step_timeout=None, full_check_every=every))
     ls.start()
     for op in ops:
         ls.apply(op)
@@ -209,7 +210,7 @@ def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
     monkeypatch.setenv(ENV, "4")
     monkeypatch.setattr(block_pool, "SMALL_POOL", 0)
     stats = RunStats()
-    cls = make_machine(MUTANTS[name].family, lambda: make_mutant(name), f"mutant:{name}", "exact", stats)
+    cls = make_machine(MUTANTS[name].family, lambda: make_mutant(name), f"mutant:{name}", CheckSettings(), stats)
     with pytest.raises(AssertionError):  # FindingError is an AssertionError
         run_machine(cls, profile_settings("ci", database=None), seed=11, shrink_seconds=5)
     assert stats.finding is not None, f"mutant {name} was not reported with glimpses on"

@@ -5,6 +5,7 @@ one of them fails here instead of silently narrowing the fuzzing."""
 import pytest
 
 from harness.check.machine import RunStats, make_machine, run_machine
+from harness.check.settings import CheckSettings
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.world.families import FAMILIES
@@ -92,7 +93,7 @@ def test_family_reaches_its_actions(family):
     counts: dict[str, int] = {}
     for seed in range(7, 12):
         stats = RunStats()
-        cls = make_machine(family, SpecTarget, "spec", "exact", stats)
+        cls = make_machine(family, SpecTarget, "spec", CheckSettings(), stats)
         run_machine(cls, profile_settings("dev", max_examples=400, database=None), seed=seed, shrink_seconds=5)
         for k, v in stats.events.items():
             if k.startswith(family + ":"):

@@ -1,4 +1,5 @@
-"""``--target`` resolution: built-ins, user factories, and a clear error for each way it can fail."""
+"""``--target`` resolution in the one resolver (``harness.run.catalogue.resolve``): built-ins, mutants,
+user factories, and a clear error for each way it can fail."""
 
 import sys
 import types
@@ -6,8 +7,13 @@ import types
 import pytest
 
 from harness.cli import main
-from harness.targets import TargetLoadError, load_target
+from harness.run.catalogue import BUILTIN, resolve
+from harness.targets import TargetLoadError
 from harness.targets.spec import SpecTarget
+
+
+def load_target(name: str) -> object:
+    return resolve(name).factory()
 
 
 def test_spec_target_loads():
@@ -19,6 +25,14 @@ def test_user_example_adapter_loads():
     assert t.name == "my_manager"
 
 
+def test_every_built_in_name_is_one_catalogue_entry():
+    """The built-in names live in one place: the catalogue (``--help`` and the errors name them from it)."""
+    assert set(BUILTIN) == {"spec", "vllm", "impl", "vllm-fixed", "vllm-scheduler"}
+    entry = resolve("spec")
+    assert (entry.name, entry.relation, entry.origin, entry.builtin) == ("spec", "exact", "spec", True)
+    assert not resolve("examples.my_manager:make_target").builtin
+
+
 @pytest.fixture
 def fake_module(monkeypatch):
     mod = types.ModuleType("kvspec_fake_targets")
@@ -26,6 +40,7 @@ def fake_module(monkeypatch):
     mod.not_a_target = lambda: object()
     mod.value = 3
     mod.good = SpecTarget
+    mod.exits = lambda: sys.exit(3)
     monkeypatch.setitem(sys.modules, "kvspec_fake_targets", mod)
     return mod
 
@@ -39,31 +54,29 @@ def fake_module(monkeypatch):
         ("kvspec_fake_targets:raises", "its factory raised RuntimeError: no GPU here"),
         ("kvspec_fake_targets:not_a_target", "lacks name, version, reset, apply, observe"),
         ("vllmish", "unknown target 'vllmish'"),
-        ("mutant:free_order_appended", "module 'mutant' not found"),
+        ("mutant:nope", "unknown mutant 'nope'"),
+        ("kvspec_fake_targets:exits", "loading it raised SystemExit"),
     ],
 )
 def test_bad_target_says_why(fake_module, name, needle):
-    """The production registry knows no deliberate bugs: ``mutant:NAME`` is not a target there."""
     with pytest.raises(TargetLoadError) as e:
         load_target(name)
     assert needle in str(e.value)
 
 
 def test_cli_resolves_mutants_from_their_catalogue(capsys):
-    from harness.mutants.registry import resolve_target
-
-    assert resolve_target("mutant:free_order_appended")().name == "mutant:free_order_appended"
-    assert resolve_target("mutant:window_off_by_one")().name == "mutant:window_off_by_one"  # an impl mutant
+    assert load_target("mutant:free_order_appended").name == "mutant:free_order_appended"
+    assert load_target("mutant:window_off_by_one").name == "mutant:window_off_by_one"  # an impl mutant
     with pytest.raises(TargetLoadError, match="unknown mutant 'nope'"):
-        resolve_target("mutant:nope")
+        resolve("mutant:nope")
     assert main(["fuzz", "--target", "mutant:nope", "--seconds", "1"]) == 2
     assert "unknown mutant 'nope'" in capsys.readouterr().err
 
 
-def test_production_registry_does_not_import_the_mutants():
+def test_resolving_a_built_in_imports_no_mutant_catalogue():
     import subprocess
 
-    code = "import sys, harness.targets as t; t.load_target('spec'); print('harness.mutants.registry' in sys.modules)"
+    code = "import sys, harness.run.catalogue as c; c.resolve('spec'); print('harness.mutants.registry' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

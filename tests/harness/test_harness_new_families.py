@@ -21,11 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.check.machine import RESETS_BEFORE_SKIP, RunStats, make_machine, run_machine
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.core.ops_json import op_from_json, op_to_json
 from harness.core.strict_json import TraceFormatError
 from harness.mutants.record import Patch
 from harness.mutants.spec import patched_modules
+from harness.run.catalogue import resolve
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.traces.trace import Trace, dumps_trace, trace_from_json
@@ -46,10 +48,10 @@ NEW_FAMILIES = ("cbor", "encoder_decoder", "v0_20", "async_sched", "hash_block_o
 
 
 def _vllm_factory() -> Callable[[], Any]:
-    from harness.targets import TargetLoadError, target_factory
+    from harness.targets import TargetLoadError
 
     try:
-        return target_factory("vllm")
+        return resolve("vllm").factory
     except TargetLoadError as e:
         pytest.skip(str(e))
 
@@ -279,7 +281,7 @@ class _IgnoresOverride(_HashesWith):
 
 def _caught(family: str, factory: Callable[[], Any], max_examples: int, seed: int = 1) -> RunStats:
     stats = RunStats()
-    cls = make_machine(family, factory, f"buggy_{factory.__name__}", "exact", stats)
+    cls = make_machine(family, factory, f"buggy_{factory.__name__}", CheckSettings(), stats)
     try:
         run_machine(cls, profile_settings("dev", max_examples=max_examples, database=None), seed=seed, shrink_seconds=2)
     except Exception:
@@ -413,11 +415,11 @@ def test_encoder_tokens_allocate_cross_blocks_once_in_vllm() -> None:
 @pytest.mark.vllm
 def test_v0_20_is_skipped_cleanly_on_vllm() -> None:
     stats = RunStats()
-    cls = make_machine("v0_20", _vllm_factory(), "vllm", "exact", stats)
+    cls = make_machine("v0_20", _vllm_factory(), "vllm", CheckSettings(), stats)
     run_machine(cls, profile_settings("dev", max_examples=5, database=None), seed=1)
     assert "v0_20" in stats.skipped and "0.20" in stats.skipped["v0_20"]
     assert stats.events["v0_20:unsupported_at_reset"] == 1 and stats.examples == 0
-    assert cls.resets_refused == RESETS_BEFORE_SKIP  # skipped at the bound, not after Hypothesis gives up
+    assert cls.resets.refused == RESETS_BEFORE_SKIP  # skipped at the bound, not after Hypothesis gives up
     run_machine(cls, profile_settings("dev", max_examples=5, database=None), seed=2)  # not run again
     assert stats.events["v0_20:unsupported_at_reset"] == 1
 
@@ -427,7 +429,7 @@ def test_impl_runs_the_new_families(family: str) -> None:
     from harness.targets.impl import ImplTarget
 
     stats = RunStats()
-    cls = make_machine(family, ImplTarget, "impl", "exact", stats)
+    cls = make_machine(family, ImplTarget, "impl", CheckSettings(), stats)
     try:
         run_machine(cls, profile_settings("dev", max_examples=10, database=None), seed=3, shrink_seconds=5)
     except Exception:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness.check.lockstep import Finding
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.mutants.spec import make_mutant
 from harness.targets.spec import SpecTarget
@@ -18,14 +19,14 @@ CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 def test_reduced_trace_keeps_the_finding_and_is_no_longer(path):
     trace = read_trace(path)
     mutant = lambda: make_mutant(path.stem)  # noqa: E731 - the corpus file is named after its bug
-    found, _ = run_ops(trace.config, trace.ops, mutant, trace.relation)
+    found, _ = run_ops(trace.config, trace.ops, mutant, CheckSettings(relation=trace.relation))
     assert found is not None
-    red = reduce_trace(trace.config, trace.ops, found, mutant, trace.relation, seconds=20)
+    red = reduce_trace(trace.config, trace.ops, found, mutant, CheckSettings(relation=trace.relation), seconds=20)
     assert len(red.ops) <= len(trace.ops) and red.config.num_blocks <= trace.config.num_blocks
-    again, steps = run_ops(red.config, red.ops, mutant, trace.relation)
+    again, steps = run_ops(red.config, red.ops, mutant, CheckSettings(relation=trace.relation))
     assert again is not None and same_finding(again, found)
     assert len(steps) == len(red.ops)  # the finding is at the last operation
-    clean, _ = run_ops(red.config, red.ops, SpecTarget, trace.relation, ledger=True)
+    clean, _ = run_ops(red.config, red.ops, SpecTarget, CheckSettings(relation=trace.relation))
     assert clean is None, "the reduced trace must be valid: the spec against itself finds nothing"
 
 
@@ -35,7 +36,7 @@ def test_reduction_removes_what_does_not_matter():
     noise = [O.AddRequest("noise", (3, 3, 3)), O.GetComputedBlocks("noise"), O.SetStatus("noise", "RUNNING")]
     ops = noise + list(trace.ops)
     mutant = lambda: make_mutant("free_order_appended")  # noqa: E731
-    found, _ = run_ops(trace.config, ops, mutant, trace.relation)
+    found, _ = run_ops(trace.config, ops, mutant, CheckSettings(relation=trace.relation))
     assert found is not None
     red = reduce_trace(trace.config, ops, found, mutant, seconds=20)
     assert not any(getattr(op, "request_id", None) == "noise" for op in red.ops)
@@ -72,10 +73,10 @@ def test_a_finding_of_the_spec_itself_is_reduced_too():
     noise = [O.AddRequest("noise", (3, 3, 3)), O.GetComputedBlocks("noise"), O.SetStatus("noise", "RUNNING")]
     ops = noise + list(trace.ops)
     with patched_spec("free_order_appended", keep=("spec.invariants",)):
-        found, _ = run_ops(trace.config, ops, SpecTarget, trace.relation)
+        found, _ = run_ops(trace.config, ops, SpecTarget, CheckSettings(relation=trace.relation))
         assert found is not None and found.kind == "reference-invariant"
-        red = reduce_trace(trace.config, ops, found, SpecTarget, trace.relation, seconds=20)
-        again, steps = run_ops(red.config, red.ops, SpecTarget, trace.relation)
+        red = reduce_trace(trace.config, ops, found, SpecTarget, CheckSettings(relation=trace.relation), seconds=20)
+        again, steps = run_ops(red.config, red.ops, SpecTarget, CheckSettings(relation=trace.relation))
     assert len(red.ops) < len(ops) and not any(getattr(op, "request_id", None) == "noise" for op in red.ops)
     assert again is not None and same_finding(again, found) and len(steps) == len(red.ops)
 
@@ -88,7 +89,7 @@ def test_the_spec_exception_is_only_for_its_own_finding():
 
     trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
     with patched_spec("free_order_appended", keep=("spec.invariants",)):
-        found, steps = run_ops(trace.config, trace.ops, SpecTarget, trace.relation)
+        found, steps = run_ops(trace.config, trace.ops, SpecTarget, CheckSettings(relation=trace.relation))
         assert found is not None and found.kind == "reference-invariant"
         ops = [op for op, _ in steps]
         assert is_valid_trace(trace.config, ops, found)

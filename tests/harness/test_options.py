@@ -14,10 +14,11 @@ import harness.run.fuzzing
 import harness.run.workers
 from harness.bench.workers import measure
 from harness.campaign import builtin_entries, run_entry
+from harness.check.settings import CheckSettings
 from harness.cli import _parser, main
 from harness.run import pytest_plugin
 from harness.run.fuzzing import FuzzResult
-from harness.run.options import FuzzOptions, MutantsOptions, UsageError, fuzz_environ
+from harness.run.options import FuzzOptions, MutantsOptions, UsageError, from_environ
 
 BUG = "mutant:hit_cap_num_tokens"
 
@@ -26,13 +27,13 @@ BUG = "mutant:hit_cap_num_tokens"
 def clean(monkeypatch, tmp_path):
     """Run in ``tmp_path`` (the default ``--out`` is probed there) with none of kvspec's variables set."""
     monkeypatch.chdir(tmp_path)
-    for name in ("DB", "LEDGER", "STRICT_KNOWN", "TARGET_MEMORY_MB", "FULL_CHECK_EVERY"):
+    for name in ("DB", "LEDGER", "STRICT_KNOWN", "TARGET_MEMORY_MB", "FULL_CHECK_EVERY", "VLLM_PROFILE"):
         monkeypatch.delenv(f"KVSPEC_{name}", raising=False)
 
 
 def cli_options(*argv: str) -> FuzzOptions:
     """What ``kvspec fuzz ARGV`` runs with."""
-    return FuzzOptions.from_namespace(_parser().parse_args(["fuzz", *argv]))
+    return FuzzOptions.from_namespace(_parser().parse_args(["fuzz", *argv]), {})
 
 
 @pytest.mark.parametrize("opts", [FuzzOptions(), MutantsOptions()], ids=["fuzz", "mutants"])
@@ -43,9 +44,12 @@ def test_options_are_frozen(opts):
 
 def test_fuzz_parser_defaults_are_the_dataclass_defaults():
     ns = _parser().parse_args(["fuzz"])
-    assert FuzzOptions.from_namespace(ns) == FuzzOptions()
-    # Every option of the parser is a field (``--family`` parsed into ``families``), and back.
-    assert set(vars(ns)) - {"command", "family"} == {f.name for f in dataclasses.fields(FuzzOptions)} - {"families"}
+    assert FuzzOptions.from_namespace(ns, {}) == FuzzOptions()
+    # Every option of the parser is a field (``--family`` parsed into ``families``), and back; the rest
+    # of the fields are read from the environment at the edges (``from_environ``), ``--db`` both ways.
+    env_only = set(from_environ({})) - {"db"}
+    fields = {f.name for f in dataclasses.fields(FuzzOptions)} - {"families"}
+    assert set(vars(ns)) - {"command", "family"} == fields - env_only
 
 
 def test_mutants_parser_defaults_are_the_dataclass_defaults():
@@ -114,27 +118,36 @@ def test_the_workers_benchmark_runs_the_cli_options(monkeypatch):
     seen = []
 
     def fuzz_workers(opts, progress=False):
-        seen.append((opts, os.environ["KVSPEC_DB"]))
+        seen.append(opts)
         return FuzzResult(elapsed=1.0)
 
     monkeypatch.setattr(harness.run.workers, "fuzz_workers", fuzz_workers)
     measure("spec", "full", 3.0, 2, seed=5)
-    ((opts, db),) = seen
-    assert opts == cli_options("--family", "full", "--seconds", "3", "--workers", "2", "--seed", "5")
+    (opts,) = seen
+    assert "kvspec-bench-db-" in opts.db and "KVSPEC_DB" not in os.environ  # passed in the options
+    cli = cli_options("--family", "full", "--seconds", "3", "--workers", "2", "--seed", "5", "--db", opts.db)
+    assert opts == cli
     assert pickle.loads(pickle.dumps(opts)) == opts  # as the workers receive it
-    assert "kvspec-bench-db-" in db and "KVSPEC_DB" not in os.environ
 
 
-def test_fuzz_environ_sets_and_restores(monkeypatch):
-    monkeypatch.setenv("KVSPEC_DB", "before")
-    with fuzz_environ(FuzzOptions(db="during", no_ledger=True, strict_known=True)):
-        assert [os.environ.get(n) for n in ("KVSPEC_DB", "KVSPEC_LEDGER", "KVSPEC_STRICT_KNOWN")] == [
-            "during",
-            "0",
-            "1",
-        ]
-    assert os.environ["KVSPEC_DB"] == "before"
-    assert "KVSPEC_LEDGER" not in os.environ and "KVSPEC_STRICT_KNOWN" not in os.environ
+def test_the_environment_is_read_at_the_edge_into_the_options():
+    """``KVSPEC_*`` variables become fields of the options the CLI builds (nothing below reads them), and
+    the checks every lockstep of the run gets carry them; ``--db`` wins over ``KVSPEC_DB``."""
+    env = {
+        "KVSPEC_DB": "from-env",
+        "KVSPEC_TARGET_MEMORY_MB": "64",
+        "KVSPEC_FULL_CHECK_EVERY": "8",
+        "KVSPEC_VLLM_PROFILE": "0.34.0",
+    }
+    opts = FuzzOptions.from_namespace(_parser().parse_args(["fuzz", "--no-ledger", "--strict-known"]), env)
+    assert (opts.db, opts.memory_mb, opts.full_check_every, opts.assume_release) == ("from-env", 64.0, 8, "0.34.0")
+    want = CheckSettings(ledger=False, strict_known=True, memory_mb=64.0, full_check_every=8)
+    assert opts.checks() == want
+    given = FuzzOptions.from_namespace(_parser().parse_args(["fuzz", "--db", "given"]), env)
+    assert given.db == "given"
+    bad = {"KVSPEC_FULL_CHECK_EVERY": "often"}
+    with pytest.raises(UsageError, match="KVSPEC_FULL_CHECK_EVERY"):
+        FuzzOptions.from_namespace(_parser().parse_args(["fuzz"]), bad)
 
 
 BAD = [

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from examples.my_manager import TinyTarget
+from harness.run.catalogue import CatalogueEntry, resolve
 from harness.run.options import UsageError
 from harness.run.relation_choice import choose_relation
 from harness.targets.spec import SpecTarget
@@ -29,24 +30,29 @@ def kvspec(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_example_declares_invariants_and_says_why():
-    c = choose_relation(None, EXAMPLE, TinyTarget)
+    c = choose_relation(None, CatalogueEntry(EXAMPLE, TinyTarget))
     assert c.relation == "invariants"
     assert c.why == f"declared by target {EXAMPLE}: {TinyTarget.relation_reason}"
 
 
 def test_a_given_relation_wins_over_the_declaration():
-    c = choose_relation("exact", EXAMPLE, TinyTarget)
+    c = choose_relation("exact", CatalogueEntry(EXAMPLE, TinyTarget))
     assert (c.relation, c.why) == ("exact", "--relation given")
 
 
 def test_built_in_targets_are_exact_and_vllm_fixed_is_not():
-    for name in ("spec", "vllm", "impl", "mutant:hits_not_touched"):
-        assert choose_relation(None, name, None).relation == "exact", name
-    assert choose_relation(None, "vllm-fixed", None).relation == "invariants"
+    for name in ("spec", "impl", "mutant:free_order_appended", "mutant:window_off_by_one"):
+        assert choose_relation(None, resolve(name)).relation == "exact", name
+    pytest.importorskip("vllm", reason="the vLLM targets need vLLM")
+    for name in ("vllm", "vllm-scheduler", "mutant:hits_not_touched"):
+        assert choose_relation(None, resolve(name)).relation == "exact", name
+    assert choose_relation(None, resolve("vllm-fixed")).relation == "invariants"
 
 
 def test_a_user_target_that_declares_nothing_gets_the_invariants():
-    c = choose_relation(None, "mypkg.adapter:make_target", SpecTarget)  # SpecTarget declares no relation
+    c = choose_relation(
+        None, CatalogueEntry("mypkg.adapter:make_target", SpecTarget)
+    )  # SpecTarget declares no relation
     assert c.relation == "invariants" and "declares no relation" in c.why
 
 
@@ -55,14 +61,14 @@ def test_a_declaration_on_the_factory_or_on_what_it_builds():
         return SpecTarget()
 
     factory.relation = "outcomes"  # type: ignore[attr-defined]
-    assert choose_relation(None, "m:f", factory).relation == "outcomes"
+    assert choose_relation(None, CatalogueEntry("m:f", factory)).relation == "outcomes"
 
     class Declares(SpecTarget):
         def __init__(self) -> None:
             super().__init__()
             self.relation = "exact"
 
-    assert choose_relation(None, "m:f", Declares).relation == "exact"
+    assert choose_relation(None, CatalogueEntry("m:f", Declares)).relation == "exact"
 
 
 def test_a_bad_declaration_is_a_usage_error():
@@ -70,7 +76,7 @@ def test_a_bad_declaration_is_a_usage_error():
         relation = "roughly"
 
     with pytest.raises(UsageError, match="declares relation 'roughly', which is not one of exact"):
-        choose_relation(None, "m:Bad", Bad)
+        choose_relation(None, CatalogueEntry("m:Bad", Bad))
 
 
 def test_the_first_lines_of_a_run_say_the_relation(tmp_path):

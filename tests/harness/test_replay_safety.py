@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from harness.cli import main
-from harness.mutants.registry import is_builtin_target
+from harness.core.target_names import is_user_target
+from harness.run.catalogue import resolve
+from harness.targets import TargetLoadError
 
 CORPUS = Path(__file__).parents[1] / "corpus"
 FULL = CORPUS / "cache_drafts.json"  # one full-attention group
@@ -171,11 +173,16 @@ def test_an_unknown_recorded_mutant_is_a_usage_error(tmp_path: Path, capsys: pyt
     assert "unknown mutant 'no_such_bug'" in capsys.readouterr().err
 
 
-def test_is_builtin_target() -> None:
-    for name in ("spec", "impl", "vllm", "mutant:cache_drafts", "mutant:window_off_by_one"):
-        assert is_builtin_target(name), name
-    for name in ("sys:exit", "os:abort", "mypkg.adapter:make_target", "", "SPEC", "spec:x", "harness.targets:x"):
-        assert not is_builtin_target(name), name
+def test_only_user_targets_name_code() -> None:
+    """A recorded name runs code only if it is a user's ``package.module:factory``; any other name is
+    looked up in the catalogue, and one it does not hold is refused without importing anything."""
+    for name in ("spec", "impl", "vllm", "vllm-fixed", "vllm-scheduler", "mutant:cache_drafts", "mutant:x"):
+        assert not is_user_target(name), name
+    for name in ("sys:exit", "os:abort", "mypkg.adapter:make_target", "spec:x", "harness.targets:x"):
+        assert is_user_target(name), name
+    for name in ("", "SPEC", "vllmish"):
+        with pytest.raises(TargetLoadError, match="unknown target"):
+            resolve(name)
 
 
 # --- folders -------------------------------------------------------------------------------------------

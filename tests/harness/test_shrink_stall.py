@@ -17,7 +17,7 @@ from harness.check.finding import Finding
 from harness.check.machine import KVMachine, RunStats, ShrinkStalled, _record_finding
 from harness.cli import main
 from harness.core import ops as O
-from harness.mutants.registry import resolve_target
+from harness.run.catalogue import resolve
 from harness.traces.replay import replay
 from harness.traces.trace import Trace, read_trace
 from spec.config import KVCacheConfig, full_attention
@@ -88,7 +88,7 @@ def test_stall_reports_the_shortest_trace_reduced(tmp_path, capsys):
 
 def _replays_to_its_finding(trace: Trace) -> bool:
     """The report's trace, replayed, ends in the finding it records (kind and step)."""
-    got = replay(trace, resolve_target(trace.target_name)).finding
+    got = replay(trace, resolve(trace.target_name).factory).finding
     return got is not None and trace.finding is not None and (got.kind, got.step) == (
         trace.finding["kind"],
         trace.finding["step"],

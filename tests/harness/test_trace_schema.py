@@ -24,13 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.check.settings import CheckSettings
 from harness.cli import main
 from harness.core import ops as O
 from harness.core.equality import RELATIONS
 from harness.core.ops import OP_TYPES
 from harness.core.ops_json import op_from_json, op_to_json
 from harness.core.strict_json import MAX_NUM_BLOCKS, MAX_TOKENS, TraceFormatError
-from harness.mutants.registry import resolve_target
+from harness.run.catalogue import resolve
 from harness.targets.spec import SpecTarget
 from harness.traces.replay import replay
 from harness.traces.report import render_report
@@ -307,7 +308,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], bytes], str, tuple[str, ...]]] = [
         'finding.witness.target_after.blocks["1"].ref_cnt: expected an int',
         BOTH,
     ),
-    # A trace never chooses code to run (harness.traces.replay.replay_target); ``report`` runs no target.
+    # A trace never chooses code to run (harness.run.catalogue.replay_target); ``report`` runs no target.
     ("target sys:exit (a silent exit 0 before)", _edit(_set("target.name", "sys:exit")), "target 'sys:exit'", REPLAY),
     ("target os:abort (killed replay before)", _edit(_set("target.name", "os:abort")), "target 'os:abort'", REPLAY),
 ]
@@ -430,7 +431,7 @@ def _seeds() -> tuple[str, ...]:
     texts = [p.read_text() for p in CORPUS]
     for path in CORPUS[:2]:
         trace = read_trace(path)
-        result = replay(trace, resolve_target(f"mutant:{path.stem}"))
+        result = replay(trace, resolve(f"mutant:{path.stem}").factory)
         assert result.finding is not None
         trace.finding = result.finding.to_json()
         texts.append(dumps_trace(trace))
@@ -564,7 +565,7 @@ def _check_corrupted(data: bytes) -> None:
         _check_types(trace)
         assert render_report(trace)
         if trace.config.num_blocks <= 4096:
-            replay(trace, SpecTarget, step_timeout=None)  # a result, never an exception
+            replay(trace, SpecTarget, CheckSettings(step_timeout=None))  # a result, never an exception
     assert time.monotonic() - t0 < CASE_SECONDS
 
 

@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ledger_cases import is_known_vllm_trigger  # noqa: E402
 
+from harness.check.settings import CheckSettings
 from harness.ledger.checker import LedgerCheckTarget  # noqa: E402
 from harness.ledger.finding import LedgerMismatch  # noqa: E402
 from harness.mutants.impl import make_mutant_target  # noqa: E402
 from harness.oracle.target import KVCheckTarget, KVMismatch  # noqa: E402
-from harness.targets import target_factory  # noqa: E402
+from harness.run.catalogue import resolve
 from harness.world.workload import run_seeded  # noqa: E402
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window  # noqa: E402
 
@@ -108,13 +109,12 @@ def cost(target: str, examples: int) -> None:
             spent[1] += 1
 
     ledger.LedgerChecker.check = timed  # type: ignore[method-assign]
-    factory = target_factory(target)
+    factory = resolve(target).factory
     totals = {"on": [0, 0.0], "off": [0, 0.0]}
     for family in FAMILIES:
         for mode in ("on", "off"):
-            os.environ["KVSPEC_LEDGER"] = "1" if mode == "on" else "0"
             stats = RunStats()
-            cls = make_machine(family, factory, f"{target}-{mode}", "exact", stats)
+            cls = make_machine(family, factory, f"{target}-{mode}", CheckSettings(ledger=mode == "on"), stats)
             t0 = time.perf_counter()
             try:
                 run_machine(
@@ -148,7 +148,7 @@ def main() -> None:
     print(f"{'case':34} | ledger: {head} | oracle: {head}")
     for mutant, config in MUTANT_ROWS:
         row(f"mutant {mutant}", lambda m=mutant: make_mutant_target(m), config, a.seeds, a.actions, True)  # type: ignore[misc]
-    factory = target_factory(a.target)
+    factory = resolve(a.target).factory
     for name, config in CANDIDATE_ROWS:
         row(f"{a.target} {name}", factory, config, a.seeds, a.actions, False)
 

@@ -18,7 +18,7 @@ from ledger_cases import (
 from harness.core import ops as O
 from harness.core.observation import Observation
 from harness.mutants.impl import make_mutant_target
-from harness.mutants.registry import resolve_target
+from harness.run.catalogue import resolve
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from spec.config import KVCacheConfig, cross_attention, full_attention
@@ -170,7 +170,7 @@ DRAFT_OPS = [
 def test_write_keeps_shared_draft_block_published():
     """Spec mutant ``cache_drafts`` publishes the block holding a draft; once the draft is rejected the
     real token is written over a published slot."""
-    i, f = replay_ops(resolve_target("mutant:cache_drafts")(), FULL4, DRAFT_OPS)
+    i, f = replay_ops(resolve("mutant:cache_drafts").factory(), FULL4, DRAFT_OPS)
     assert f is not None and f.invariant == "kv_write_keeps_shared" and i == len(DRAFT_OPS) - 1, f
     assert f.position == 7 and f.shared
     assert replay_ops(SpecTarget(), FULL4, DRAFT_OPS)[1] is None  # unpublished draft slots: rewritten freely

@@ -7,8 +7,10 @@ import pytest
 from ledger_cases import CANDIDATES, FULL_LOAD, FULL_LOAD_OPS
 
 from harness.check.lockstep import FindingError, Lockstep
+from harness.check.settings import CheckSettings
 from harness.cli import _parser
 from harness.ledger.finding import match_vllm_033_candidate
+from harness.run.options import FuzzOptions
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from harness.traces.replay import replay
@@ -17,7 +19,7 @@ from harness.traces.trace import Trace, read_trace
 
 
 def run_lockstep(ops, config, target, **kw):
-    ls = Lockstep(config, target, "exact", strict_known=True, **kw)  # known vLLM bugs raise here
+    ls = Lockstep(config, target, CheckSettings(strict_known=True, **kw))  # known vLLM bugs raise here
     ls.start()
     for op in ops:
         ls.apply(op)
@@ -49,8 +51,7 @@ def test_candidates_are_kv_ledger_findings_against_impl(candidate):
 
 
 def test_report_and_replay(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVSPEC_STRICT_KNOWN", "1")  # the replay below must see the known bug as a finding
-    ls = Lockstep(FULL_LOAD, SpecTarget(), "exact", strict_known=True)
+    ls = Lockstep(FULL_LOAD, SpecTarget(), CheckSettings(strict_known=True))
     ls.start()
     with pytest.raises(FindingError) as e:
         for op in FULL_LOAD_OPS:
@@ -60,17 +61,17 @@ def test_report_and_replay(tmp_path, monkeypatch):
     text = (path / "report.md").read_text()
     assert "## KV ledger" in text and "kv_write_in_real_block" in text
     assert render_report(read_trace(path / "trace.json")) == text
-    result = replay(read_trace(path / "trace.json"), SpecTarget)
+    strict = CheckSettings(strict_known=True)  # the replay must see the known bug as a finding
+    result = replay(read_trace(path / "trace.json"), SpecTarget, strict)
     assert not result.ok and result.finding is not None and result.finding.kind == "kv-ledger"
 
 
 def test_the_ledger_can_be_turned_off(monkeypatch):
     run_lockstep(FULL_LOAD_OPS, FULL_LOAD, SpecTarget(), ledger=False)  # no finding
-    monkeypatch.setenv("KVSPEC_LEDGER", "0")
-    run_lockstep(FULL_LOAD_OPS, FULL_LOAD, SpecTarget())
-    assert run_lockstep(FULL_LOAD_OPS[:1], FULL_LOAD, SpecTarget()).kv_ledger is None
-    monkeypatch.delenv("KVSPEC_LEDGER")
+    assert run_lockstep(FULL_LOAD_OPS[:1], FULL_LOAD, SpecTarget(), ledger=False).kv_ledger is None
+    monkeypatch.setenv("KVSPEC_LEDGER", "0")  # the old variable: nothing reads the environment below the CLI
     assert run_lockstep(FULL_LOAD_OPS[:1], FULL_LOAD, SpecTarget()).kv_ledger is not None
+    assert FuzzOptions(no_ledger=True).checks().ledger is False  # --no-ledger reaches every lockstep this way
 
 
 def test_cli_flag():

@@ -21,6 +21,8 @@ from ledger_cases import (
 
 from harness.check.lockstep import FindingError, Lockstep
 from harness.check.machine import RunStats, make_machine, run_machine
+from harness.check.settings import CheckSettings
+from harness.run.catalogue import resolve
 from harness.run.profiles import profile_settings
 from harness.world.families import FAMILIES
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
@@ -45,10 +47,10 @@ CLEAN = {
 
 @pytest.fixture(scope="module")
 def vllm_factory():
-    from harness.targets import TargetLoadError, target_factory
+    from harness.targets import TargetLoadError
 
     try:
-        return target_factory("vllm")
+        return resolve("vllm").factory
     except TargetLoadError as e:
         pytest.skip(str(e))
 
@@ -60,7 +62,7 @@ def test_candidate_bug_reproduced_on_vllm(vllm_factory, candidate):
     assert f is not None and i == len(ops) - 1 and f.block == 0, f
     assert is_known_vllm_trigger(f) == candidate, f.to_markdown()
     # The same through the lockstep driver, vLLM against the spec (which agrees on every table).
-    ls = Lockstep(config, vllm_factory(), "exact", strict_known=True)
+    ls = Lockstep(config, vllm_factory(), CheckSettings(strict_known=True))
     ls.start()
     with pytest.raises(FindingError) as e:
         for op in ops:
@@ -103,7 +105,7 @@ def test_vllm_runs_end_clean_or_at_a_known_trigger(vllm_factory):
 def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family):
     """vLLM against the spec with the ledger on (its default), known bugs counted and not failing."""
     stats = RunStats()
-    cls = make_machine(family, vllm_factory, "vllm", "exact", stats)
+    cls = make_machine(family, vllm_factory, "vllm", CheckSettings(), stats)
     try:
         run_machine(cls, profile_settings("dev", max_examples=8, database=None), seed=7, shrink_seconds=30)
     except Exception:
@@ -117,7 +119,7 @@ SWA_LOAD_OPS = full_remote_load_ops(tuple(range(1, 15)), hit=0)  # P=14: (P - W 
 
 
 def _run(target, config, ops, relation):
-    ls = Lockstep(config, target, relation, strict_known=True)
+    ls = Lockstep(config, target, CheckSettings(relation=relation, strict_known=True))
     ls.start()
     for op in ops:
         ls.apply(op)

@@ -10,9 +10,11 @@ import pytest
 
 from harness.campaign import builtin_entries
 from harness.core.equality import RELATIONS
+from harness.drivers.lockstep import LockstepDriver
 from harness.mutants import impl, invariants, spec, vllm, vllm_scheduler
 from harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
-from harness.mutants.registry import all_mutants, find_mutant, resolve_target
+from harness.mutants.registry import all_mutants, find_mutant
+from harness.run.catalogue import resolve
 from harness.targets import TargetLoadError
 from harness.vllm_sched.driver import SCHED_FAMILIES
 from harness.world.families import FAMILIES
@@ -89,12 +91,13 @@ def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
 
 def test_mutant_names_resolve_as_targets() -> None:
     for name in ("free_order_appended", "null_block_queued", "hash_ignores_lora"):
-        target = resolve_target(f"mutant:{name}")()
-        assert target.name == f"mutant:{name}"
-    with pytest.raises(TargetLoadError, match="unknown mutant 'hit_off_by_one'"):
-        resolve_target("mutant:hit_off_by_one")  # a scheduler mutant is run by harness.vllm_sched
+        entry = resolve(f"mutant:{name}")
+        assert entry.factory().name == f"mutant:{name}" and entry.driver is LockstepDriver
     with pytest.raises(TargetLoadError, match="unknown mutant 'nope'.*free_order_appended"):
-        resolve_target("mutant:nope")
+        resolve("mutant:nope")
+    pytest.importorskip("vllm", reason="a scheduler mutant drives vLLM's real scheduler")
+    entry = resolve("mutant:hit_off_by_one")  # run by the real scheduler's driver, the bug patched in
+    assert entry.origin == "scheduler" and entry.driver is not LockstepDriver
 
 
 def test_by_name_refuses_a_name_given_twice() -> None:

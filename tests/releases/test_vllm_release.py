@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.run.options import from_environ
 from harness.targets.vllm_observe import Reader
 from harness.targets.vllm_release import (
     ANY,
@@ -111,16 +112,15 @@ def test_get_computed_blocks_arity() -> None:
 
 
 def test_an_unknown_release_is_refused_with_the_way_to_check_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ASSUME_ENV, raising=False)
+    monkeypatch.setenv(ASSUME_ENV, "0.34.0")  # read at the edges into the options, not here
     with pytest.raises(UnknownRelease) as e:
         installed_profile("0.35.0")
     assert "nearest: 0.34.0" in str(e.value)
     assert f"{ASSUME_ENV}=<release> kvspec fuzz --target vllm --relation invariants" in str(e.value)
-    monkeypatch.setenv(ASSUME_ENV, "0.34.0")
-    assert installed_profile("0.35.0") == profile_for("0.34.0")
-    monkeypatch.setenv(ASSUME_ENV, "0.99.0")
+    assert installed_profile("0.35.0", assumed="0.34.0") == profile_for("0.34.0")
     with pytest.raises(UnknownRelease):
-        installed_profile("0.35.0")
+        installed_profile("0.35.0", assumed="0.99.0")
+    assert from_environ({ASSUME_ENV: " 0.34.0 "})["assume_release"] == "0.34.0"  # what the CLI passes
 
 
 class Manager026:  # 0.26 on: the admission cap's token count under its new name

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.check.machine import RunStats, make_machine, run_machine
+from harness.check.settings import CheckSettings
 from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.world.families import FAMILIES
@@ -109,6 +110,6 @@ def test_persistent_spec_equals_the_tuple_spec_in_lockstep(family: str) -> None:
     """Every family's workload, the spec with persistent containers as the target and the spec
     with tuples as the reference: observations equal after every step, no finding."""
     stats = RunStats()
-    cls = make_machine(family, lambda: SpecTarget(persistent=True), "spec-persistent", "exact", stats)
+    cls = make_machine(family, lambda: SpecTarget(persistent=True), "spec-persistent", CheckSettings(), stats)
     run_machine(cls, profile_settings("dev", max_examples=15, database=None), seed=5, shrink_seconds=5)
     assert stats.finding is None and stats.steps > 0

@@ -52,18 +52,19 @@ def test_overrides_round_trip() -> None:
 @pytest.mark.vllm
 def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
-    from harness.mutants.vllm_scheduler import patched
+    from harness.run.catalogue import resolve
+    from harness.run.fuzzing import run_fuzz
+    from harness.run.options import FuzzOptions
     from harness.traces.trace import trace_from_json
-    from harness.vllm_sched.fuzz import first_finding, replay_scheduler_run, write_finding
+    from harness.vllm_sched.fuzz import replay_scheduler_run
 
     name = "freed_kept_running"
-    with patched(name):
-        res, family, seed, _, _ = first_finding(("full",), 60, 0)
-        assert res is not None and res.finding is not None
-        dest = write_finding(str(tmp_path), res, family, seed, reduce_seconds=10)
-    trace = trace_from_json(json.loads((dest / "trace.json").read_text()))
+    opts = FuzzOptions(target=f"mutant:{name}", families=("full",), seconds=60, seed=0, reduce_seconds=10)
+    res = run_fuzz(opts, resolve(opts.target))  # the scheduler driver of the one loop, the mutant patched in
+    assert res.trace is not None, res.stopped
+    trace = trace_from_json(res.trace)
     red = trace.extra["scheduler_reduction"]
-    assert trace.extra["choice_overrides"] and red["steps_after"] < red["steps_before"] == len(res.steps)
+    assert trace.extra["choice_overrides"] and red["steps_after"] < red["steps_before"] == res.shrunk_steps
     replayed = replay_scheduler_run(trace, "trace.json", mutant=name)
     assert not replayed.ok and "the recorded finding" in replayed.message
     assert replayed.steps_run == red["steps_after"]  # the reduced run, overrides applied, not the original

@@ -77,7 +77,7 @@ def test_fuzz_cli_with_scheduler_mutant_writes_report_that_replays(
     out = tmp_path / "reports"
     args = ["fuzz", "--target", "mutant:freed_kept_running", "--family", "full", "--seconds", "20"]
     assert main([*args, "--out", str(out)]) == 1
-    assert "report written to" in capsys.readouterr().err
+    assert "report written to" in capsys.readouterr().out
     (dest,) = out.iterdir()
     assert main(["replay", str(dest)]) == 1  # the recorded target (vllm) is built in
     assert main(["replay", str(dest), "--target", "spec"]) == 1

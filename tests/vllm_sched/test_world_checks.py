@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="needs the real vLLM (ci/setup --vllm)")
 
 from harness.ledger.world import WorldFacts  # noqa: E402
 from harness.mutants.vllm_scheduler import MUTANTS, ONLY_BY, patched  # noqa: E402
-from harness.vllm_sched.fuzz import one_run, run_seed, write_finding  # noqa: E402
+from harness.vllm_sched.fuzz import one_run, run_seed  # noqa: E402
 from spec.kv_ledger import KVLedger, write_slot  # noqa: E402
 from spec.types import BlockId  # noqa: E402
 
@@ -52,12 +52,16 @@ def test_only_its_check_catches_the_mutant(name: str) -> None:
 
 def test_agreement_report_has_both_call_sequences_and_replays(tmp_path: Path) -> None:
     from harness.cli import main
+    from harness.run.catalogue import resolve
+    from harness.run.fuzzing import run_fuzz
+    from harness.run.options import FuzzOptions
+    from harness.traces.report import write_report
+    from harness.traces.trace import trace_from_json
 
-    with patched("budget_one_short"):
-        s = run_seed(0, 0)
-        res = one_run("full", s, max_engine_steps=150)
-        assert res.finding is not None and res.finding.finding.kind == "agreement"
-        dest = write_finding(str(tmp_path), res, "full", s, reduce_seconds=5.0)
+    opts = FuzzOptions(target="mutant:budget_one_short", families=("full",), seconds=60, seed=0, reduce_seconds=5.0)
+    res = run_fuzz(opts, resolve(opts.target))  # its first run is run_seed(0, 0)
+    assert res.trace is not None and res.trace["finding"]["kind"] == "agreement", res.stopped
+    dest = write_report(tmp_path, trace_from_json(res.trace))
     finding = json.loads((dest / "trace.json").read_text())["finding"]
     assert finding["expected"] and finding["actual"] and finding["expected"] != finding["actual"]
     assert {c["phase"] for c in finding["actual"]} <= {"world", "schedule", "update"}
@@ -65,7 +69,7 @@ def test_agreement_report_has_both_call_sequences_and_replays(tmp_path: Path) ->
     assert main(["replay", str(dest), "--target", "vllm-scheduler"]) == 0  # the bug gone, the run agrees
     assert main(["replay", str(dest)]) == 0  # the recorded target: re-drive the real scheduler, not the ops
     (test_file,) = dest.glob("test_replay_*.py")
-    assert "replay_scheduler_run" in test_file.read_text()
+    assert "replay_recorded" in test_file.read_text()  # replayed by the recorded target's driver
 
 
 def test_world_facts_gate_connector_writes() -> None:

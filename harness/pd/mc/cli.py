@@ -17,8 +17,7 @@ from typing import Any
 from harness.pd.mc.designs import resolve_mc_design
 from harness.pd.mc.model import SAFETY, Bounds
 from harness.pd.mc.search import LIVENESS, Result, explore
-
-EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+from harness.run.exits import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:

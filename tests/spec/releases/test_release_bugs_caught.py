@@ -20,6 +20,7 @@ from release_helpers import admit, running, tokens
 
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
+from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.ledger.known_bugs import split_known
 from harness.targets.base import Unsupported
@@ -31,7 +32,9 @@ from spec.types import BlockCount, TokenCount
 
 def _play(config: KVCacheConfig, release: str, ops: list[Any]) -> tuple[int, Any] | None:
     """The first finding of ``ops`` under ``release`` (its index and the finding), or None."""
-    ls = Lockstep(replace(config, profile=profile_for(release)), SpecTarget(), "exact", ledger=True, strict_known=True)
+    ls = Lockstep(
+        replace(config, profile=profile_for(release)), SpecTarget(), CheckSettings(ledger=True, strict_known=True)
+    )
     ls.start()
     for i, op in enumerate(ops):
         try:
@@ -153,7 +156,7 @@ def test_a_known_invariant_break_is_counted_in_its_releases_only() -> None:
     is its aftermath); in any other release the same break is a finding (``split_known``)."""
     config, ops = _untrimmed_second_group()
     config = replace(config, profile=profile_for("0.28.0"))
-    ls = Lockstep(config, SpecTarget(), "exact", ledger=True, strict_known=False)
+    ls = Lockstep(config, SpecTarget(), CheckSettings(ledger=True, strict_known=False))
     ls.start()
     for op in ops[:-1]:
         ls.apply(op)

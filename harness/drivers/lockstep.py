@@ -1,0 +1,151 @@
+"""The manager lockstep driver: Hypothesis' state machine (``harness.check.machine``) draws the
+workload, the spec and the target are stepped together (``harness.check.lockstep``).
+
+One turn is one Hypothesis batch (``DriveSettings.hypothesis``: the profile, ``--batch`` examples) of
+one family, seeded ``seed * 1_000_003 + turn * workers + worker`` (so one worker reproduces the
+single-process run).  A failing example is Hypothesis' to shrink while that helps
+(``--shrink-stall``; off by default), then the reducer's (``harness.traces.reduce``).  The state
+machines are made once per run, one per family, and share the run's ``RunStats``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import unittest
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from harness.check.machine import KVMachine, RunStats, ShrinkStalled, make_machine, run_machine
+from harness.drivers.base import DriveHooks, DriveSettings, Found, Interrupted, Plan, Tally, TurnOutcome, reduce_finding
+from harness.traces.replay import ReplayResult, replay
+from harness.traces.trace import Trace, trace_to_json
+
+
+class LockstepDriver:
+    """``kvspec fuzz`` on a manager target (``spec``, ``vllm``, ``impl``, ``mutant:NAME``, a user's
+    ``package.module:factory``): the module docstring."""
+
+    one_process = False
+    kv_check = True
+
+    def __init__(self, factory: Callable[[], Any], settings: DriveSettings, hooks: DriveHooks) -> None:
+        self.factory, self.settings, self.hooks = factory, settings, hooks
+        self.stats = RunStats(poll=hooks.poll, shrink_stall=settings.shrink_stall)
+        self.stats.started = time.monotonic()
+        if hooks.deadline is not None:
+            self.stats.deadline, self.stats.shrink_share = hooks.deadline, hooks.shrink_share
+        if hooks.on_found is not None:
+            on_found = hooks.on_found
+            self.stats.on_finding = lambda finding, bound: on_found(finding.kind, bound)
+        self.machines: dict[str, type[KVMachine]] = {}
+
+    def session(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def plan(self, families: Sequence[str]) -> Plan:
+        """Every chosen family, its machine made now (a family the target refuses at every reset is
+        skipped when met); under the ``replay`` profile, one turn per family."""
+        self.machines = {fam: self.machine(fam) for fam in families}
+        return Plan(tuple(families), turns=None if self.settings.generates else len(families))
+
+    def machine(self, family: str) -> type[KVMachine]:
+        return make_machine(family, self.factory, self.settings.target, self.settings.checks, self.stats)
+
+    def turn_seed(self, seed: int, turn: int, worker: int, workers: int) -> int:
+        return seed * 1_000_003 + turn * workers + worker
+
+    def run_turn(self, family: str, seed: int | None) -> TurnOutcome:
+        """One batch: a finding is recorded (the shortest so far when shrinking was cut short by a
+        signal or by ``--shrink-stall``); Hypothesis giving up on the target with no finding stops the
+        run."""
+        s = self.settings
+        try:
+            run_machine(self.machines[family], s.hypothesis, seed=seed, shrink_seconds=s.shrink_seconds)
+        except unittest.SkipTest as e:  # the replay profile with nothing stored for this machine: no run at all
+            return TurnOutcome(stopped=None if not s.generates else f"SkipTest: {e}")
+        except Interrupted as e:  # while generating or shrinking: the smallest failing trace so far, as it is
+            return TurnOutcome(found=self.found(family, seed, shortest=True), interrupted=e.signum)
+        except ShrinkStalled:  # shrinking stopped helping: the smallest failing trace so far, to be reduced
+            return TurnOutcome(found=self.found(family, seed, shortest=True))
+        except BaseException as e:  # noqa: BLE001 - a finding, or Hypothesis giving up on the target
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            found = self.found(family, seed)
+            return TurnOutcome(found=found, stopped=None if found else f"{type(e).__name__}: {e}")
+        return TurnOutcome(skipped=self.stats.skipped.get(family))
+
+    def progress(self) -> tuple[int, int]:
+        return self.stats.examples, self.stats.steps
+
+    def found(self, family: str, seed: int | None, shortest: bool = False) -> Found | None:
+        """The finding the run recorded (``shortest``: the smallest so far), as a ``Found``; None if none."""
+        trace = finding_trace(self.stats, self.settings, seed, family, shortest)
+        if trace is None:
+            return None
+        finding = recorded(self.stats, shortest)[0]
+        st = self.stats
+        return Found(trace, finding, family, st.first_finding_after, len(trace.steps), st.shrink_examples)
+
+    def reduce(self, found: Found, seconds: float) -> Found:
+        trace, finding = reduce_finding(
+            found.trace, found.finding, self.factory, self.settings.checks, seconds, self.hooks.stopping
+        )
+        found.trace, found.finding = trace, finding
+        return found
+
+    def tally(self, elapsed: float) -> Tally:
+        st, s = self.stats, self.settings
+        known_traces = {
+            bug_id: trace_to_json(
+                Trace(
+                    config=config,
+                    steps=steps,
+                    target_name=s.target,
+                    target_version=st.target_version,
+                    seed=s.seed,
+                    profile=s.profile,
+                    relation=s.checks.relation,
+                    finding=finding.to_json(),
+                )
+            )
+            for bug_id, (finding, steps, config) in st.known_first.items()
+        }
+        return Tally(st.examples, st.steps, Counter(st.events), Counter(st.known), known_traces, dict(st.skipped))
+
+    def check_trace(self, trace: Trace, where: str) -> None:
+        return None
+
+    def replay(self, trace: Trace, where: str) -> ReplayResult:
+        return replay(trace, self.factory, self.settings.checks)
+
+
+def recorded(stats: RunStats, best: bool = False) -> tuple[Any, list[tuple[Any, Any]], Any]:
+    """The finding ``stats`` recorded last (``best``: the shortest so far, when there is one), with its
+    steps and config; the finding is None when there is none."""
+    if best and stats.best is not None:
+        return stats.best
+    return stats.finding, stats.finding_steps, stats.finding_config
+
+
+def finding_trace(
+    stats: RunStats, settings: DriveSettings, seed: int | None, family: str, best: bool = False
+) -> Trace | None:
+    """The ``Trace`` of the finding ``stats`` recorded last (``best``: the shortest so far); None when
+    the run stopped without one."""
+    finding, steps, config = recorded(stats, best)
+    if finding is None or config is None:
+        return None
+    return Trace(
+        config=config,
+        steps=list(steps),
+        target_name=settings.target,
+        target_version=stats.target_version,
+        seed=seed,
+        profile=settings.profile,
+        family=family,
+        relation=settings.checks.relation,
+        finding=finding.to_json(),
+    )
