@@ -63,15 +63,16 @@ class Entry:
     mode: str  # exact | outcomes | invariants | self
     target: str  # as reports record it
     families: tuple[str, ...]
-    factory: Callable[[], Any]
+    factory: Callable[[], Any] | None = None  # None: the catalogue's target of that name (a built-in mutant)
     patch: Callable[[], AbstractContextManager[None]] | None = None  # active around the whole run (self mode)
 
     def catalogue_entry(self) -> CatalogueEntry:
-        """The target the run loop drives: a scheduler mutant as the catalogue resolves it (vLLM's real
-        scheduler, the bug patched in), any other row's factory under the lockstep driver."""
+        """The target the run loop drives: a built-in mutant as the catalogue resolves it (its driver
+        included: vLLM's real scheduler for a scheduler mutant), any other row's factory under the
+        lockstep driver."""
         from harness.run.catalogue import manager_entry, resolve
 
-        if self.origin == "scheduler":
+        if self.factory is None:
             return resolve(self.target)
         return manager_entry(self.target, self.factory)
 
@@ -158,20 +159,15 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
 
 
 def _entry(m: Mutant, mode: str) -> Entry:
-    """The row of mutant ``m`` in ``mode``: in ``self`` mode the spec itself carries the bug."""
-    from harness.mutants.registry import mutant_factory
+    """The row of mutant ``m`` in ``mode``: in ``self`` mode the spec itself carries the bug; otherwise
+    the catalogue's ``mutant:NAME`` target, resolved when the row runs."""
     from harness.targets.spec import SpecTarget
 
     origin = "scheduler" if m.target == "vllm-scheduler" else m.target
     target, fams = f"mutant:{m.name}", (m.family,)
     if mode == "self":
         return Entry(m.name, origin, mode, target, fams, SpecTarget, patch=_self_patch(m.name))
-    factory = _no_target if m.target == "vllm-scheduler" else mutant_factory(m)
-    return Entry(m.name, origin, mode, target, fams, factory)
-
-
-def _no_target() -> Any:
-    raise AssertionError("a scheduler mutant is run by harness.vllm_sched, not through a target factory")
+    return Entry(m.name, origin, mode, target, fams)
 
 
 def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:

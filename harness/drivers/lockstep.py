@@ -99,18 +99,7 @@ class LockstepDriver:
     def tally(self, elapsed: float) -> Tally:
         st, s = self.stats, self.settings
         known_traces = {
-            bug_id: trace_to_json(
-                Trace(
-                    config=config,
-                    steps=steps,
-                    target_name=s.target,
-                    target_version=st.target_version,
-                    seed=s.seed,
-                    profile=s.profile,
-                    relation=s.checks.relation,
-                    finding=finding.to_json(),
-                )
-            )
+            bug_id: trace_to_json(run_trace(st, s, finding, steps, config, s.seed))
             for bug_id, (finding, steps, config) in st.known_first.items()
         }
         return Tally(st.examples, st.steps, Counter(st.events), Counter(st.known), known_traces, dict(st.skipped))
@@ -138,9 +127,23 @@ def finding_trace(
     finding, steps, config = recorded(stats, best)
     if finding is None or config is None:
         return None
+    return run_trace(stats, settings, finding, list(steps), config, seed, family)
+
+
+def run_trace(
+    stats: RunStats,
+    settings: DriveSettings,
+    finding: Any,
+    steps: list[tuple[Any, Any]],
+    config: Any,
+    seed: int | None,
+    family: str | None = None,
+) -> Trace:
+    """The ``Trace`` of ``finding`` at ``steps`` of ``config`` in this run (its target, release,
+    profile and relation), ``seed`` the batch's (a finding) or the run's (a known bug's first meeting)."""
     return Trace(
         config=config,
-        steps=list(steps),
+        steps=steps,
         target_name=settings.target,
         target_version=stats.target_version,
         seed=seed,
