@@ -290,15 +290,11 @@ def _unused_options(opts: FuzzOptions, target: Any) -> FuzzOptions:
     ``--kv-check``: no oracle behind it), said on stderr."""
     from dataclasses import replace
 
-    driver = target.driver
-    unused = [
-        opt
-        for opt, on in (
-            ("--kv-check", opts.kv_check and not getattr(driver, "kv_check", True)),
-            ("--workers", opts.workers > 1 and getattr(driver, "one_process", False)),
-        )
-        if on
-    ]
+    unused = []
+    if opts.kv_check and not target.kv_check:
+        unused.append("--kv-check")
+    if opts.workers > 1 and target.one_process:
+        unused.append("--workers")
     if not unused:
         return opts
     print(f"kvspec fuzz: {', '.join(unused)} not used with target {opts.target} (its driver cannot)", file=sys.stderr)

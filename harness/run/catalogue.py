@@ -61,6 +61,20 @@ class CatalogueEntry:
         """Resolved by lookup alone (no user code imported)."""
         return not is_user_target(self.name)
 
+    @property
+    def one_process(self) -> bool:
+        """Its driver runs in one process only (no ``--workers``)."""
+        return bool(getattr(self._driver_class, "one_process", False))
+
+    @property
+    def kv_check(self) -> bool:
+        """Its driver can wrap the targets in the KV-content oracle (``--kv-check``)."""
+        return bool(getattr(self._driver_class, "kv_check", True))
+
+    @property
+    def _driver_class(self) -> Any:
+        return getattr(self.driver, "func", self.driver)  # a functools.partial of a driver class, or the class
+
     def make_driver(self, settings: DriveSettings, hooks: DriveHooks | None = None) -> Driver:
         return self.driver(self.factory, settings, hooks or DriveHooks())
 
@@ -97,7 +111,7 @@ def fuzz_target(opts: FuzzOptions) -> CatalogueEntry:
     the KV-content oracle with ``--kv-check`` (when its driver can; otherwise ``--kv-check`` is ignored,
     and the caller says so)."""
     entry = resolve(opts.target, opts.assume_release)
-    if not opts.kv_check or not getattr(entry.driver, "kv_check", True):
+    if not opts.kv_check or not entry.kv_check:
         return entry
     return with_kv_check(entry, known_bugs=not opts.strict_known)
 

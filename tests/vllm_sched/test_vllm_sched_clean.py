@@ -61,6 +61,23 @@ def test_fuzz_command_clean_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not list(tmp_path.iterdir())
 
 
+def test_what_the_scheduler_driver_cannot_do_is_said_and_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The catalogue entry says what its driver can do: one process, no oracle; the run says so and
+    goes on without them (one process: no worker is started)."""
+    from harness.cli import main
+    from harness.run.catalogue import resolve
+
+    entry = resolve("vllm-scheduler")
+    assert entry.one_process and not entry.kv_check and entry.families and "connector" in entry.families
+    args = ["fuzz", "--target", "vllm-scheduler", "--family", "full", "--seconds", "2", "--out", str(tmp_path)]
+    assert main([*args, "--kv-check", "--workers", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "--kv-check, --workers not used with target vllm-scheduler" in err, err
+    assert "manager calls mirrored" in out
+
+
 def test_fuzz_command_only_unsupported_families_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from harness.cli import main
 
