@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from harness.core import ops as O
@@ -67,6 +68,19 @@ from harness.world.outputs import StepOutputs
 from harness.world.records import Batch, RequestChanges, SchedConfig, SReq
 from harness.world.transfer import KVTransfers
 from spec.request import RequestStatus
+
+
+@dataclass
+class Admission:
+    """A waiting request being admitted: its computed tokens (``local`` from the prefix cache, ``ext``
+    from the connector, ``load_async`` when those arrive later), whether it looked its prefix up."""
+
+    request: SReq
+    num_computed: int
+    local: int = 0
+    ext: int = 0
+    load_async: bool = False
+    looked_up: bool = False
 
 
 class Scheduler(StepOutputs):
@@ -275,97 +289,135 @@ class Scheduler(StepOutputs):
                     r.num_spec_placeholders = k
 
     def _admit_waiting(self, budget: int, scheduled: dict[str, int], padded: set[str], prefill_scheduled: bool) -> None:
-        cfg = self.cfg
-        skipped_holding: list[str] = []
-        skipped_waiting: list[str] = []
+        """vLLM 0.33 ``Scheduler.schedule``'s loop over the waiting requests, while budget and seats
+        last, in named steps; requests set aside go back to the front of their queues, in order."""
+        skipped: dict[str, list[str]] = {"holding": [], "waiting": []}
         running_scheduled = bool(scheduled)  # by the running loop (admissions below do not count)
         while budget > 0:
+            # 1. The next request: those holding an async load first, then the waiting queue.
             queue = self.kv_holding if self.kv_holding else self.waiting
-            if not queue or len(self.running) >= cfg.max_num_seqs:
+            if not queue or len(self.running) >= self.cfg.max_num_seqs:
                 break
+            aside = skipped["holding" if queue is self.kv_holding else "waiting"]
             r = self.reqs[queue[0]]
-            if r.num_stale_output_tokens:
-                # Async: deliverable stale output still in flight; resuming could resample it.
-                (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
+            # 2. A request that cannot go on this step is set aside.
+            if not self._ready_to_admit(r):
+                aside.append(queue.popleft())
                 continue
-            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                if r.recv == "pending":
-                    (skipped_holding if queue is self.kv_holding else skipped_waiting).append(queue.popleft())
-                    continue
-                self.transfers.update_waiting_for_remote_kv(r)
-            ext, load_async, local, looked_up = 0, False, 0, False
-            if r.num_computed_tokens == 0:
-                hit = self.emit(O.GetComputedBlocks(r.request_id))
-                looked_up = True
-                local = hit["num_hit_tokens"]
-                self.counts["prefix_hit" if local else "prefix_miss"] += 1
-                if cfg.connector and self.reads_external_kv(r):
-                    ext, load_async = self.transfers.ask_connector(r, local, self.ch)
-                num_computed = local + ext
-            else:
-                num_computed = r.num_computed_tokens
-            if load_async:
-                n = 0
-            else:
-                n = r.num_tokens - num_computed
-                if (
-                    cfg.num_spec_tokens > 0
-                    and n == 1
-                    and not prefill_scheduled
-                    and (running_scheduled or num_computed > 0)
-                    and num_computed + 1 + cfg.num_spec_tokens + 1 <= cfg.max_model_len
-                ):
-                    if 1 + cfg.num_spec_tokens > budget:
-                        break
-                    n = 1 + cfg.num_spec_tokens
-                    padded.add(r.request_id)
-                n = min(n, budget)
-                assert n > 0
-            out = self.emit(
-                O.AllocateSlots(
-                    r.request_id,
-                    n,
-                    num_new_computed_tokens=local,
-                    use_computed_blocks=looked_up,
-                    num_lookahead_tokens=0 if load_async else cfg.num_lookahead_tokens,
-                    num_external_computed_tokens=ext,
-                    delay_cache_blocks=load_async,
-                    num_encoder_tokens=self._encoder_tokens(r, num_computed),
-                    full_sequence_must_fit=cfg.reserve_full_isl,
-                    reserved_blocks=self.transfers.reservation(self.inflight_prefills, self.reqs) if load_async else 0,
-                    has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
-                )
-            )
-            if out is None:
+            # 3. Its computed tokens: a prefix-cache lookup, and the connector's external tokens.
+            a = self._computed_tokens(r)
+            # 4. How many tokens to schedule; None: the padded decode does not fit the budget.
+            n = self._tokens_to_admit(a, budget, padded, prefill_scheduled, running_scheduled)
+            if n is None:
+                break
+            # 5. The manager's allocation; refused, admission stops for this step.
+            if self._allocate_admitted(a, n) is None:
                 padded.discard(r.request_id)
                 self.counts["admission_refused"] += 1
                 break
-            if load_async:
-                self.changes.set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
-                self.changes.set_computed(r, num_computed)
-                r.recv = "pending"
+            # 6. An async load waits aside for its KV; any other request runs.
+            if a.load_async:
+                self._await_async_load(r, a.num_computed)
                 queue.popleft()
-                skipped_holding.append(r.request_id)
-                self.inflight_prefills.add(r.request_id)
-                self.counts["async_load"] += 1
+                skipped["holding"].append(r.request_id)  # back to the front of the holding queue
                 continue
             queue.popleft()
-            self.running.append(r.request_id)
-            scheduled[r.request_id] = n
-            budget -= n
-            self.changes.set_status(r, RequestStatus.RUNNING)
-            self.changes.set_computed(r, num_computed)
-            r.sync_ext_this_step = ext
-            if num_computed + n < r.num_tokens:
-                self.inflight_prefills.add(r.request_id)
-            self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
-            if ext:
-                self.counts["sync_load"] += 1
-        # Skipped requests go back to the front of their queues, in order.
-        for rid in reversed(skipped_waiting):
+            budget -= self._run_admitted(r, a, n, scheduled)
+        for rid in reversed(skipped["waiting"]):
             self.waiting.appendleft(rid)
-        for rid in reversed(skipped_holding):
+        for rid in reversed(skipped["holding"]):
             self.kv_holding.appendleft(rid)
+
+    def _ready_to_admit(self, r: SReq) -> bool:
+        """Not while deliverable stale output of async scheduling is in flight (resuming could resample
+        it), nor while its remote KV is still pending; a remote load that finished is taken in."""
+        if r.num_stale_output_tokens:
+            return False
+        if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            if r.recv == "pending":
+                return False
+            self.transfers.update_waiting_for_remote_kv(r)
+        return True
+
+    def _computed_tokens(self, r: SReq) -> Admission:
+        """A fresh request looks up its prefix (``get_computed_blocks``) and asks the connector for
+        external tokens; a resumed one keeps its computed tokens."""
+        if r.num_computed_tokens:
+            return Admission(r, r.num_computed_tokens)
+        hit = self.emit(O.GetComputedBlocks(r.request_id))
+        local = hit["num_hit_tokens"]
+        self.counts["prefix_hit" if local else "prefix_miss"] += 1
+        ext, load_async = 0, False
+        if self.cfg.connector and self.reads_external_kv(r):
+            ext, load_async = self.transfers.ask_connector(r, local, self.ch)
+        return Admission(r, local + ext, local, ext, load_async, looked_up=True)
+
+    def _tokens_to_admit(
+        self, a: Admission, budget: int, padded: set[str], prefill_scheduled: bool, running_scheduled: bool
+    ) -> int | None:
+        """0 for an async load (it only allocates what its KV will fill); else the tokens left, within the
+        budget, a one-token decode padded with the draft slots under speculative decoding (None when
+        those do not fit the budget)."""
+        cfg, r = self.cfg, a.request
+        if a.load_async:
+            return 0
+        n = r.num_tokens - a.num_computed
+        if (
+            cfg.num_spec_tokens > 0
+            and n == 1
+            and not prefill_scheduled
+            and (running_scheduled or a.num_computed > 0)
+            and a.num_computed + 1 + cfg.num_spec_tokens + 1 <= cfg.max_model_len
+        ):
+            if 1 + cfg.num_spec_tokens > budget:
+                return None
+            n = 1 + cfg.num_spec_tokens
+            padded.add(r.request_id)
+        n = min(n, budget)
+        assert n > 0
+        return n
+
+    def _allocate_admitted(self, a: Admission, n: int) -> Any:
+        """``allocate_slots`` for the admission: the new tokens, the hit, the external tokens (delayed
+        caching for an async load, which reserves what in-flight prefills still need)."""
+        cfg, r = self.cfg, a.request
+        return self.emit(
+            O.AllocateSlots(
+                r.request_id,
+                n,
+                num_new_computed_tokens=a.local,
+                use_computed_blocks=a.looked_up,
+                num_lookahead_tokens=0 if a.load_async else cfg.num_lookahead_tokens,
+                num_external_computed_tokens=a.ext,
+                delay_cache_blocks=a.load_async,
+                num_encoder_tokens=self._encoder_tokens(r, a.num_computed),
+                full_sequence_must_fit=cfg.reserve_full_isl,
+                reserved_blocks=self.transfers.reservation(self.inflight_prefills, self.reqs) if a.load_async else 0,
+                has_scheduled_reqs=bool(self.running),  # the watermark holds back admissions only then
+            )
+        )
+
+    def _await_async_load(self, r: SReq, num_computed: int) -> None:
+        """The request waits for its remote KV (set aside: it is not scheduled this step)."""
+        self.changes.set_status(r, RequestStatus.WAITING_FOR_REMOTE_KVS)
+        self.changes.set_computed(r, num_computed)
+        r.recv = "pending"
+        self.inflight_prefills.add(r.request_id)
+        self.counts["async_load"] += 1
+
+    def _run_admitted(self, r: SReq, a: Admission, n: int, scheduled: dict[str, int]) -> int:
+        """The request runs with ``n`` tokens scheduled; returns ``n`` (the budget it takes)."""
+        self.running.append(r.request_id)
+        scheduled[r.request_id] = n
+        self.changes.set_status(r, RequestStatus.RUNNING)
+        self.changes.set_computed(r, a.num_computed)
+        r.sync_ext_this_step = a.ext
+        if a.num_computed + n < r.num_tokens:
+            self.inflight_prefills.add(r.request_id)
+        self.counts["admit_resumed" if r.num_preemptions else "admit"] += 1
+        if a.ext:
+            self.counts["sync_load"] += 1
+        return n
 
     def _encoder_tokens(self, r: SReq, num_computed: int) -> int:
         """vLLM 0.33 ``_try_schedule_encoder_inputs`` for an encoder-decoder model: the encoder
