@@ -220,11 +220,52 @@ def bench_allocator(
     oracle_steps: int,
     json_path: str | None,
 ) -> None:
+    """impl, vLLM (when installed) and the spec on one decode-heavy trace: calls per second, whether
+    they hand out the same block ids, and what the KV oracle costs per operation."""
     trace = decode_heavy_trace(requests, steps, seed, block_size)
     print(
         f"trace: {len(trace)} steps ({sum(s[0] == 'decode' for s in trace)} decodes), {requests} live requests, "
         f"{num_blocks} blocks of {block_size}"
     )
+    rates, outs, rows = _run_managers(trace, num_blocks, block_size)
+    prefix = trace[:spec_steps]
+    calls, secs, res = run_spec(prefix, num_blocks, block_size)
+    rates["spec"] = calls / secs
+    rows.append((f"spec (first {len(prefix)} steps)", calls, secs))
+    same_spec = _block_ids(res) == outs["impl"][: len(res)]
+    n_ops, plain, checked = oracle_cost(trace[:oracle_steps], num_blocks, block_size)
+    print(f"{'manager':28s} {'calls':>8s} {'seconds':>8s} {'calls/s':>10s}")
+    for name, calls, secs in rows:
+        print(f"{name:28s} {calls:8d} {secs:8.3f} {calls / secs:10,.0f}")
+    report: dict[str, Any] = {
+        "trace": {"steps": len(trace), "requests": requests, "num_blocks": num_blocks, "block_size": block_size},
+        "ops_per_s": rates,
+        "spec_identical_to_impl": same_spec,
+        "oracle": {"ops": n_ops, "impl_s": plain, "impl_with_oracle_s": checked},
+    }
+    report["trace"]["seed"] = seed
+    report["oracle"]["ms_per_op"] = 1e3 * (checked - plain) / n_ops
+    if "vllm" in rates:
+        _compare_with_vllm(rates, outs, report)
+    print(f"spec: identical block ids to impl on its {len(prefix)} steps: {same_spec}")
+    print(
+        f"oracle: {n_ops} harness ops, impl alone {plain:.3f} s, with the KV oracle {checked:.3f} s "
+        f"= {report['oracle']['ms_per_op']:.2f} ms per op"
+    )
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {json_path}")
+
+
+def _block_ids(res: list[Any]) -> list[Any]:
+    """Each call's block ids, comparable across managers (None for a refused allocation)."""
+    return [None if x is None else tuple(tuple(g) for g in x) for x in res]
+
+
+def _run_managers(
+    trace: list[Any], num_blocks: int, block_size: int
+) -> tuple[dict[str, float], dict[str, list[Any]], list[tuple[str, int, float]]]:
+    """impl, and vLLM when installed, on the whole trace: calls per second, block ids, table rows."""
     runners: list[tuple[str, Callable[..., tuple[int, float, list[Any]]]]] = [("impl", run_impl)]
     try:
         import vllm  # noqa: F401
@@ -238,49 +279,19 @@ def bench_allocator(
     for name, fn in runners:
         calls, secs, res = fn(trace, num_blocks, block_size)
         rates[name] = calls / secs
-        outs[name] = [None if x is None else tuple(tuple(g) for g in x) for x in res]
+        outs[name] = _block_ids(res)
         rows.append((name, calls, secs))
-    prefix = trace[:spec_steps]
-    calls, secs, res = run_spec(prefix, num_blocks, block_size)
-    rates["spec"] = calls / secs
-    rows.append((f"spec (first {len(prefix)} steps)", calls, secs))
-    same_spec = [None if x is None else tuple(tuple(g) for g in x) for x in res] == outs["impl"][: len(res)]
-    n_ops, plain, checked = oracle_cost(trace[:oracle_steps], num_blocks, block_size)
-    print(f"{'manager':28s} {'calls':>8s} {'seconds':>8s} {'calls/s':>10s}")
-    for name, calls, secs in rows:
-        print(f"{name:28s} {calls:8d} {secs:8.3f} {calls / secs:10,.0f}")
-    report: dict[str, Any] = {
-        "trace": {
-            "steps": len(trace),
-            "requests": requests,
-            "num_blocks": num_blocks,
-            "block_size": block_size,
-            "seed": seed,
-        },
-        "ops_per_s": rates,
-        "spec_identical_to_impl": same_spec,
-        "oracle": {
-            "ops": n_ops,
-            "impl_s": plain,
-            "impl_with_oracle_s": checked,
-            "ms_per_op": 1e3 * (checked - plain) / n_ops,
-        },
-    }
-    if "vllm" in rates:
-        same = outs["impl"] == outs["vllm"]
-        report["impl_over_vllm"] = rates["impl"] / rates["vllm"]
-        report["impl_identical_to_vllm"] = same
-        print(f"ratio impl/vllm: {rates['impl'] / rates['vllm']:.2f}x; identical block ids: {same}")
-        if not same:
-            raise SystemExit("impl and vLLM handed out different blocks on the same trace")
-    print(f"spec: identical block ids to impl on its {len(prefix)} steps: {same_spec}")
-    print(
-        f"oracle: {n_ops} harness ops, impl alone {plain:.3f} s, with the KV oracle {checked:.3f} s "
-        f"= {report['oracle']['ms_per_op']:.2f} ms per op"
-    )
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {json_path}")
+    return rates, outs, rows
+
+
+def _compare_with_vllm(rates: dict[str, float], outs: dict[str, list[Any]], report: dict[str, Any]) -> None:
+    """impl against vLLM: the speed ratio, and the same block ids (else the benchmark stops)."""
+    same = outs["impl"] == outs["vllm"]
+    report["impl_over_vllm"] = rates["impl"] / rates["vllm"]
+    report["impl_identical_to_vllm"] = same
+    print(f"ratio impl/vllm: {rates['impl'] / rates['vllm']:.2f}x; identical block ids: {same}")
+    if not same:
+        raise SystemExit("impl and vLLM handed out different blocks on the same trace")
 
 
 def bench_attention() -> None:  # pragma: no cover - GPU only

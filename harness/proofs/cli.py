@@ -63,6 +63,8 @@ def _row(r: Result) -> str:
 
 
 def prove_main(argv: list[str]) -> int:
+    """``kvspec prove``: 0 every claim proven, 1 a counterexample or refutation (its report written),
+    2 bad usage or a claim left unknown."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -77,67 +79,71 @@ def prove_main(argv: list[str]) -> int:
             print(f"  {c.name}", file=sys.stderr)
         return 2
     if args.list:
-        for c in selected:
-            print(f"{c.name}\n  {c.statement}\n  bound: {c.bound}")
-            for p in c.premises:
-                print(f"  premise: {p}")
+        _print_claims(selected)
         return 0
     if args.timeout <= 0:
         print("kvspec prove: --timeout must be positive", file=sys.stderr)
         return 2
     print(f"{'claim':44s} {'result':15s} {'time':>8s}")
-    results: list[Result] = []
     start = time.perf_counter()
-    for claim in selected:
-        r = run_claim(claim, args.timeout)
-        results.append(r)
-        print(_row(r), flush=True)
-        if r.outcome.status == PROVEN and "\n" in r.outcome.detail:  # derived conditions and examples
-            for line in r.outcome.detail.splitlines():
-                print(f"    {line}", flush=True)
-        if r.outcome.status in (COUNTEREXAMPLE, REFUTED):
-            scenario = claim.to_trace(r.outcome.model) if claim.to_trace and r.outcome.model else None
-            folder = write_report(Path(args.out), claim.name, r.outcome, scenario)
-            print(f"    {r.outcome.detail or r.outcome.goal}", flush=True)
-            print(f"    model: {json.dumps(dict(r.outcome.model), default=str)}", flush=True)
-            print(f"    report: {folder}", flush=True)
-        elif r.outcome.status != PROVEN:
-            print(f"    {r.outcome.detail}", flush=True)
+    results = [_prove_and_print(claim, args.timeout, Path(args.out)) for claim in selected]
     total = time.perf_counter() - start
     counts = {
         s: sum(r.outcome.status == s for r in results) for s in ("proven", "counterexample", "refuted", "unknown")
     }
     print(f"{len(results)} claims in {total:.2f}s: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
     if args.json_path:
-        Path(args.json_path).write_text(
-            json.dumps(
-                {
-                    "total_seconds": round(total, 3),
-                    "claims": [
-                        {
-                            "name": r.claim.name,
-                            "status": r.outcome.status,
-                            "seconds": round(r.seconds, 3),
-                            "goal": r.outcome.goal,
-                            "model": dict(r.outcome.model),
-                            "detail": r.outcome.detail,
-                            "statement": r.claim.statement,
-                            "premises": list(r.claim.premises),
-                            "bound": r.claim.bound,
-                        }
-                        for r in results
-                    ],
-                },
-                indent=1,
-                default=str,
-            )
-            + "\n"
-        )
+        _write_json(Path(args.json_path), results, total)
     if counts["counterexample"] or counts["refuted"]:
         return 1
     if counts["unknown"]:
         return 2
     return 0
+
+
+def _print_claims(claims: list[Claim]) -> None:
+    """``--list``: each claim, its statement, bound and premises."""
+    for c in claims:
+        print(f"{c.name}\n  {c.statement}\n  bound: {c.bound}")
+        for p in c.premises:
+            print(f"  premise: {p}")
+
+
+def _prove_and_print(claim: Claim, timeout: float, out: Path) -> Result:
+    """One claim proved (or not) and its row printed; a counterexample's report written under ``out``."""
+    r = run_claim(claim, timeout)
+    print(_row(r), flush=True)
+    if r.outcome.status == PROVEN and "\n" in r.outcome.detail:  # derived conditions and examples
+        for line in r.outcome.detail.splitlines():
+            print(f"    {line}", flush=True)
+    if r.outcome.status in (COUNTEREXAMPLE, REFUTED):
+        scenario = claim.to_trace(r.outcome.model) if claim.to_trace and r.outcome.model else None
+        folder = write_report(out, claim.name, r.outcome, scenario)
+        print(f"    {r.outcome.detail or r.outcome.goal}", flush=True)
+        print(f"    model: {json.dumps(dict(r.outcome.model), default=str)}", flush=True)
+        print(f"    report: {folder}", flush=True)
+    elif r.outcome.status != PROVEN:
+        print(f"    {r.outcome.detail}", flush=True)
+    return r
+
+
+def _write_json(path: Path, results: list[Result], total: float) -> None:
+    """``--json``: every claim's result, with its statement, premises and bound."""
+    claims = [
+        {
+            "name": r.claim.name,
+            "status": r.outcome.status,
+            "seconds": round(r.seconds, 3),
+            "goal": r.outcome.goal,
+            "model": dict(r.outcome.model),
+            "detail": r.outcome.detail,
+            "statement": r.claim.statement,
+            "premises": list(r.claim.premises),
+            "bound": r.claim.bound,
+        }
+        for r in results
+    ]
+    path.write_text(json.dumps({"total_seconds": round(total, 3), "claims": claims}, indent=1, default=str) + "\n")
 
 
 def main() -> None:

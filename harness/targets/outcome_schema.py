@@ -325,57 +325,63 @@ def plainly_well_formed(obs: Any, num_groups: int, num_blocks: int) -> bool:
     where).  One pass of ``set(map(type, ...))`` per container, no per-entry Python code."""
     if type(obs) is not Observation:
         return False
-    tables, counts, n = obs.tables, obs.num_cached_block, num_blocks
+    ids = _plain_tables(obs, num_groups)
+    return (
+        ids is not None
+        and _plain_block_ids(obs, ids, num_blocks)
+        and _plain_hashes(obs, num_blocks)
+        and _plain_per_block(obs, num_blocks)
+    )
+
+
+def _plain_dict(d: Any, keys: frozenset[type], values: frozenset[type]) -> bool:
+    """``d`` is exactly a dict whose keys' and values' types are among ``keys`` and ``values``."""
+    return type(d) is dict and set(map(type, d)) <= keys and set(map(type, d.values())) <= values
+
+
+def _plain_tables(obs: Observation, num_groups: int) -> list[Any] | None:
+    """The block ids of the tables, when the tables and cached counts are plainly formed; else None."""
+    tables, counts = obs.tables, obs.num_cached_block
     if type(tables) is not tuple or type(counts) is not tuple or len(tables) != num_groups or len(counts) != num_groups:
-        return False
-    ints, tup = _EXACT[int], _EXACT[tuple]
+        return None
     ids: list[Any] = []
     for table in tables:
-        if (
-            type(table) is not dict
-            or not set(map(type, table)) <= _EXACT[str]
-            or not set(map(type, table.values())) <= tup
-        ):
-            return False
+        if not _plain_dict(table, _EXACT[str], _EXACT[tuple]):
+            return None
         ids += chain.from_iterable(table.values())
     for c in counts:
-        if type(c) is not dict or not set(map(type, c)) <= _EXACT[str] or not set(map(type, c.values())) <= ints:
-            return False
-        if c and min(c.values()) < 0:
-            return False
-    cached, hashes, secondary = obs.cached, obs.request_block_hashes, obs.secondary_keys
-    if (
-        type(cached) is not dict
-        or not set(map(type, cached)) <= _EXACT[bytes]
-        or not set(map(type, cached.values())) <= tup
-    ):
+        if not _plain_dict(c, _EXACT[str], _EXACT[int]) or (c and min(c.values()) < 0):
+            return None
+    return ids
+
+
+def _plain_block_ids(obs: Observation, ids: list[Any], n: int) -> bool:
+    """The cached map and the free queue plainly formed, and every block id (tables' included) in range."""
+    if not _plain_dict(obs.cached, _EXACT[bytes], _EXACT[tuple]) or type(obs.free_queue) is not tuple:
         return False
-    ids += chain.from_iterable(cached.values())
-    if type(obs.free_queue) is not tuple:
-        return False
+    ids += chain.from_iterable(obs.cached.values())
     ids += obs.free_queue
-    if not set(map(type, ids)) <= ints or (ids and (min(ids) < 0 or max(ids) >= n)):
-        return False
-    if (
-        type(hashes) is not dict
-        or not set(map(type, hashes)) <= _EXACT[str]
-        or not set(map(type, hashes.values())) <= tup
-    ):
+    return set(map(type, ids)) <= _EXACT[int] and not (ids and (min(ids) < 0 or max(ids) >= n))
+
+
+def _plain_hashes(obs: Observation, n: int) -> bool:
+    """The requests' block hashes and the secondary keys plainly formed (keys' blocks in range)."""
+    hashes, secondary = obs.request_block_hashes, obs.secondary_keys
+    if not _plain_dict(hashes, _EXACT[str], _EXACT[tuple]):
         return False
     if not set(map(type, chain.from_iterable(hashes.values()))) <= _EXACT[bytes]:
         return False
-    if (
-        type(secondary) is not dict
-        or not set(map(type, secondary)) <= ints
-        or (secondary and (min(secondary) < 0 or max(secondary) >= n))
+    if not _plain_dict(secondary, _EXACT[int], _EXACT[frozenset]) or (
+        secondary and (min(secondary) < 0 or max(secondary) >= n)
     ):
         return False
-    if not set(map(type, secondary.values())) <= _EXACT[frozenset]:
-        return False
-    if not set(map(type, chain.from_iterable(secondary.values()))) <= _EXACT[bytes]:
-        return False
+    return set(map(type, chain.from_iterable(secondary.values()))) <= _EXACT[bytes]
+
+
+def _plain_per_block(obs: Observation, n: int) -> bool:
+    """The per-block tuples (reference counts, keys, key tokens) plainly formed, one entry per block."""
     ref_cnt, keys, key_tokens = obs.ref_cnt, obs.block_key, obs.block_key_tokens
-    if type(ref_cnt) is not tuple or len(ref_cnt) != n or not set(map(type, ref_cnt)) <= ints:
+    if type(ref_cnt) is not tuple or len(ref_cnt) != n or not set(map(type, ref_cnt)) <= _EXACT[int]:
         return False
     if type(keys) is not tuple or len(keys) != n or not set(map(type, keys)) <= _BYTES_OR_NONE:
         return False

@@ -172,23 +172,51 @@ class Driver:
             self.on_phase(name)
 
     def step(self) -> None:
-        """One engine step."""
+        """One engine step: the world's phase (arrivals, an abort, a prefix-cache reset), the real
+        scheduler's ``schedule()``, the model's output fed back (``update_from_output``), then the
+        drafter's proposals; the world's checks see each phase."""
         _, DraftTokenIds, KVConnectorOutput, ModelRunnerOutput, _, RequestStatus = self._v
-        ch, sched = self.ch, self.sched
         world = WorldStep()
         if self.world is not None:
             self.world.append(world)
         self._phase("world")
-        if len(sched.requests) < 8:  # a bounded backlog: requests get served, not only queued
-            for _ in range(ch.integer(0, 2, "arrivals")):
-                req = self._new_request()
-                world.arrivals.append((req.request_id, tuple(req.prompt_token_ids), req.kv_transfer_params))
-                if self.checks is not None:
-                    self.checks.arrived(req.request_id)
-                sched.add_request(req)
+        self._arrivals(world)
+        self._abort_or_reset(world, RequestStatus)
+        self._phase("schedule")
+        out = self.sched.schedule()
+        self._phase("update")
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = self._sampled(out, req_ids, world)
+        kv_out = self._connector_output(out, world, KVConnectorOutput, RequestStatus) if self.knobs.connector else None
+        mro = model_runner_output(ModelRunnerOutput, req_ids, sampled, kv_out)
+        if self.checks is not None:
+            self.checks.sampled({rid: tuple(s) for rid, s in zip(req_ids, sampled, strict=True) if s})
+            if kv_out is not None:
+                self.checks.connector_output(kv_out.finished_recving or (), kv_out.invalid_block_ids or ())
+        outputs = self._update(out, mro, world)
+        if self.checks is not None:
+            self.checks.engine_outputs(outputs)
+        if self.knobs.num_spec_tokens:
+            self._propose_drafts(world, DraftTokenIds)
+        if self.checks is not None:
+            self.checks.end_of_step()
+
+    def _arrivals(self, world: WorldStep) -> None:
+        """Zero to two new requests, while the backlog is bounded (requests get served, not only queued)."""
+        if len(self.sched.requests) >= 8:
+            return
+        for _ in range(self.ch.integer(0, 2, "arrivals")):
+            req = self._new_request()
+            world.arrivals.append((req.request_id, tuple(req.prompt_token_ids), req.kv_transfer_params))
+            if self.checks is not None:
+                self.checks.arrived(req.request_id)
+            self.sched.add_request(req)
+
+    def _abort_or_reset(self, world: WorldStep, RequestStatus: Any) -> None:
+        """Aborts: sometimes; often once the backlog is full (a request the pool can never hold would
+        otherwise block the queue for the rest of the run).  Now and then a prefix-cache reset."""
+        ch, sched = self.ch, self.sched
         live = sorted(sched.requests)
-        # Aborts: sometimes; often once the backlog is full (a request the pool can never hold
-        # would otherwise block the queue for the rest of the run).
         if live and ch.integer(0, 3 if len(live) >= 8 else 19, "abort") == 0:
             world.abort = ch.choice(live, "abort_id")
             if self.checks is not None:
@@ -197,10 +225,11 @@ class Driver:
         if ch.integer(0, 29, "reset") == 0:
             world.reset = True
             sched.reset_prefix_cache()
-        self._phase("schedule")
-        out = sched.schedule()
-        self._phase("update")
-        req_ids = list(out.num_scheduled_tokens)
+
+    def _sampled(self, out: Any, req_ids: list[str], world: WorldStep) -> list[list[int]]:
+        """The model's tokens per scheduled request: none for a prefill chunk; else some of the drafts
+        accepted (never a padding slot) and one bonus token, a stop token now and then."""
+        ch, sched = self.ch, self.sched
         sampled: list[list[int]] = []
         for rid in req_ids:
             req = sched.requests[rid]
@@ -214,36 +243,31 @@ class Driver:
             bonus = STOP_TOKEN if ch.integer(0, 15, "stop") == 0 else ch.token("sampled")
             sampled.append([*drafts[:accepted], bonus])
             world.sampled[rid] = (accepted, bonus)
-        kv_out = None
-        if self.knobs.connector:
-            kv_out = self._connector_output(out, world, KVConnectorOutput, RequestStatus)
-        mro = model_runner_output(ModelRunnerOutput, req_ids, sampled, kv_out)
-        if self.checks is not None:
-            self.checks.sampled({rid: tuple(s) for rid, s in zip(req_ids, sampled, strict=True) if s})
-            if kv_out is not None:
-                self.checks.connector_output(kv_out.finished_recving or (), kv_out.invalid_block_ids or ())
+        return sampled
+
+    def _update(self, out: Any, mro: Any, world: WorldStep) -> Any:
+        """``update_from_output``; when recording, how many sampled tokens each request kept (a stop
+        drops the rest)."""
+        sched = self.sched
         if self.world is None:
-            outputs = sched.update_from_output(out, mro)
-        else:  # recording: how many sampled tokens each request kept (a stop drops the rest)
-            taking = {rid: sched.requests[rid] for rid in world.sampled}
-            before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
-            outputs = sched.update_from_output(out, mro)
-            world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
-        if self.checks is not None:
-            self.checks.engine_outputs(outputs)
-        if self.knobs.num_spec_tokens:
-            ids, drafts = [], []
-            # The drafter proposes for the requests this step sampled (the model runner's batch).
-            for r in sched.running:
-                if r.request_id in world.sampled and ch.integer(0, 3, "draft"):
-                    ids.append(r.request_id)
-                    n = ch.integer(0, self.knobs.num_spec_tokens, "num_drafts")
-                    drafts.append(list(ch.tokens(n, "drafts")))
-                    world.drafts[r.request_id] = tuple(drafts[-1])
-            if ids:
-                sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
-        if self.checks is not None:
-            self.checks.end_of_step()
+            return sched.update_from_output(out, mro)
+        taking = {rid: sched.requests[rid] for rid in world.sampled}
+        before = {rid: len(req.output_token_ids) for rid, req in taking.items()}
+        outputs = sched.update_from_output(out, mro)
+        world.kept = {rid: len(req.output_token_ids) - before[rid] for rid, req in taking.items()}
+        return outputs
+
+    def _propose_drafts(self, world: WorldStep, DraftTokenIds: Any) -> None:
+        """The drafter proposes for the requests this step sampled (the model runner's batch)."""
+        ch, ids, drafts = self.ch, [], []
+        for r in self.sched.running:
+            if r.request_id in world.sampled and ch.integer(0, 3, "draft"):
+                ids.append(r.request_id)
+                n = ch.integer(0, self.knobs.num_spec_tokens, "num_drafts")
+                drafts.append(list(ch.tokens(n, "drafts")))
+                world.drafts[r.request_id] = tuple(drafts[-1])
+        if ids:
+            self.sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
     def _connector_output(self, out: Any, world: WorldStep, KVConnectorOutput: Any, RequestStatus: Any) -> Any:
         """The worker side of the stub connector for one step: loads that finish, and failed ones

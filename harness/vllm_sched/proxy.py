@@ -199,45 +199,9 @@ class ManagerProxy:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),  # zeroing bookkeeping only: not observed
     ) -> Any:
-        if self._sink.done:
-            return self._real.allocate_slots(
-                request,
-                num_new_tokens,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                num_encoder_tokens,
-                full_sequence_must_fit,
-                reserved_blocks,
-                has_scheduled_reqs,
-                skip_zeroing_group_ids,
-            )
-        rid = request.request_id
-        self._sync(request)
-        lookup = self._lookups.get(rid)
-        used = new_computed_blocks is not None and new_computed_blocks is lookup
-        if new_computed_blocks is not None and not used and any(new_computed_blocks.blocks):
-            raise Unsupported("allocate_slots with computed blocks other than the lookup's is not mirrored")
-        if used:
-            del self._lookups[rid]
-        op = O.AllocateSlots(
-            rid,
-            num_new_tokens,
-            num_new_computed_tokens=num_new_computed_tokens,
-            use_computed_blocks=used,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks,
-            num_encoder_tokens=num_encoder_tokens,
-            full_sequence_must_fit=full_sequence_must_fit,
-            reserved_blocks=reserved_blocks,
-            has_scheduled_reqs=has_scheduled_reqs,
-        )
-        new = self._call(
-            op,
-            self._real.allocate_slots,
+        """The real ``allocate_slots``, mirrored as one ``AllocateSlots`` operation (the computed
+        blocks must be the ones this request's lookup returned, or none)."""
+        args = (
             request,
             num_new_tokens,
             num_new_computed_tokens,
@@ -251,8 +215,38 @@ class ManagerProxy:
             has_scheduled_reqs,
             skip_zeroing_group_ids,
         )
+        if self._sink.done:
+            return self._real.allocate_slots(*args)
+        rid = request.request_id
+        self._sync(request)
+        used = self._lookup_used(rid, new_computed_blocks)
+        op = O.AllocateSlots(
+            rid,
+            num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            use_computed_blocks=used,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens,
+            full_sequence_must_fit=full_sequence_must_fit,
+            reserved_blocks=reserved_blocks,
+            has_scheduled_reqs=has_scheduled_reqs,
+        )
+        new = self._call(op, self._real.allocate_slots, *args)
         self._sink.manager_op(op, None if new is None else {"block_ids": _block_ids(new)}, None)
         return new
+
+    def _lookup_used(self, rid: str, new_computed_blocks: Any) -> bool:
+        """Are the computed blocks passed the ones this request's lookup returned (then forgotten)?
+        Other non-empty blocks are not mirrored (``Unsupported``)."""
+        lookup = self._lookups.get(rid)
+        used = new_computed_blocks is not None and new_computed_blocks is lookup
+        if new_computed_blocks is not None and not used and any(new_computed_blocks.blocks):
+            raise Unsupported("allocate_slots with computed blocks other than the lookup's is not mirrored")
+        if used:
+            del self._lookups[rid]
+        return used
 
     def free(self, request: Any) -> None:
         if self._sink.done:
