@@ -134,3 +134,35 @@ def test_every_folder_says_what_lives_there() -> None:
     for init in sorted((ROOT / "harness").rglob("__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 5, f"{init.relative_to(ROOT)} has no docstring saying what lives there"
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """The functions (methods and nested ones too) of ``source`` longer than ``limit`` lines, from the
+    ``def`` line to the last line of the body, decorators not counted: (name, lines)."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_long_functions_are_found() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    assert long_functions(f"def f():\n{body}\n") == [("f", 61)]
+    assert long_functions(f"class C:\n    def m(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n") == [("m", 61)]
+    assert long_functions(f"def f():\n{body[: body.rindex(chr(10))]}\n") == []
+
+
+def test_no_function_over_sixty_lines_in_harness() -> None:
+    """Functions by step, not files by size: a long function becomes named steps (issue 32)."""
+    long = [
+        f"{p.relative_to(ROOT)}: {name} ({n} lines)"
+        for p in sorted((ROOT / "harness").rglob("*.py"))
+        for name, n in long_functions(p.read_text())
+    ]
+    assert not long, "\n".join(long)

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.pd.check import add_check_arguments, check_main
 from harness.pd.mc.cli import add_verify_arguments, verify_main
@@ -71,10 +72,27 @@ def _say(msg: str) -> None:
 
 
 def simulate_main(args: argparse.Namespace) -> int:
-    from harness.pd.sim import inputs as X
-    from harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS, sweep, to_json
-    from harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
-    from harness.pd.sim.stats import aggregate, render_table
+    """``kvspec pd simulate``: the sweep over workloads, loads and seeds; its JSON, table and figures."""
+    from harness.pd.sim.experiment import sweep
+    from harness.pd.sim.stats import aggregate
+
+    chosen = _simulate_choices(args)
+    if chosen is None:
+        return EXIT_USAGE
+    workloads, loads = chosen
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    costs = _manager_costs(args.measure, out / COSTS_FILE)
+    points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say, seeds=args.seeds)
+    written = _write_results(args, out, loads, points, aggregate(points))
+    _say(f"done in {time.monotonic() - start:.1f}s; wrote " + ", ".join(str(p) for p in written))
+    return EXIT_OK
+
+
+def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float, ...]] | None:
+    """The workloads and loads to simulate (``--quick``: a small sweep), checked; None (said) on bad usage."""
+    from harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS
 
     if args.quick:
         args.seeds, args.requests = 2, 300
@@ -86,7 +104,7 @@ def simulate_main(args: argparse.Namespace) -> int:
         loads = LOADS if args.loads is None else tuple(float(x) for x in args.loads.split(","))
     except ValueError:
         print(f"kvspec pd simulate: --loads must be numbers, got {args.loads!r}", file=sys.stderr)
-        return EXIT_USAGE
+        return None
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad or args.requests < 10 or not loads or min(loads) <= 0 or args.seeds < 1:
         print(
@@ -94,11 +112,16 @@ def simulate_main(args: argparse.Namespace) -> int:
             f"known {list(WORKLOADS)}; --requests >= 10; --seeds >= 1; loads > 0)",
             file=sys.stderr,
         )
-        return EXIT_USAGE
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    costs_path = out / COSTS_FILE
-    measure = args.measure
+        return None
+    return workloads, loads
+
+
+def _manager_costs(measure: bool | None, costs_path: Path) -> Any:
+    """vLLM's manager call costs: measured now (``--measure``; by default when vLLM is installed) and
+    stored, else the stored ones, else none (they count as 0)."""
+    from harness.pd.sim import inputs as X
+    from harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
+
     if measure is None:
         try:
             import vllm  # noqa: F401
@@ -106,15 +129,22 @@ def simulate_main(args: argparse.Namespace) -> int:
             measure = True
         except Exception:
             measure = False
-    start = time.monotonic()
     if measure:
         _say(f"measuring vLLM's KVCacheManager calls on a {X.D_BLOCKS}-block pool")
         write_costs(costs_path, measure_manager_costs(X.D_BLOCKS, progress=_say))
     costs = X.ManagerCosts(read_costs(costs_path) if costs_path.exists() else None)
     if not costs.table:
         _say("no measured manager costs (vLLM not installed, none stored): they count as 0")
-    points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say, seeds=args.seeds)
-    summaries = aggregate(points)
+    return costs
+
+
+def _write_results(
+    args: argparse.Namespace, out: Path, loads: tuple[float, ...], points: Any, summaries: Any
+) -> list[Path]:
+    """The results JSON (atomically), the table and, unless ``--no-figures``, the figures; their paths."""
+    from harness.pd.sim.experiment import to_json
+    from harness.pd.sim.stats import render_table
+
     results = {
         "requests": args.requests,
         "seeds": list(range(args.seed, args.seed + args.seeds)),
@@ -131,5 +161,4 @@ def simulate_main(args: argparse.Namespace) -> int:
         from harness.pd.sim.figures import draw_all
 
         written += draw_all(points, out)
-    _say(f"done in {time.monotonic() - start:.1f}s; wrote " + ", ".join(str(p) for p in written))
-    return EXIT_OK
+    return written
