@@ -1,6 +1,6 @@
 """Throughput of the vllm target: operations per second through ``apply`` + ``observe``.
 
-Run: ``.venv/bin/python tests/vllm/bench_vllm_target.py [--iterations N]`` (needs vLLM 0.33.0).
+Run: ``.venv/bin/python tests/vllm_target/bench_vllm_target.py [--iterations N]`` (needs vLLM 0.33.0).
 Prints the import time of vLLM (paid once per process, on the first ``VllmTarget()``), and for a
 simple admit / decode / free trace the rate of ``apply`` alone and of ``apply`` + ``observe`` after
 every operation (what the lockstep harness does).  Figures only; nothing is asserted.
