@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -31,10 +32,73 @@ def full_tier() -> bool:
     return is_full_tier()
 
 
+def vllm_installed() -> bool:
+    """Is vLLM importable here (looked up, not imported)?"""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vllm`` skip where vLLM is not installed; tests marked ``full`` skip outside the
+    full tier."""
+    no_vllm = pytest.mark.skip(reason="needs the real vLLM installed (ci/setup --vllm)")
+    if not vllm_installed():
+        for item in items:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(no_vllm)
     if is_full_tier():
         return
     skip = pytest.mark.skip(reason="full tier: bash ci/test --full (KVSPEC_FULL=1) runs it")
     for item in items:
         if item.get_closest_marker("full") is not None:
             item.add_marker(skip)
+
+
+class MachineRun:
+    """The ``machine_run`` fixture: kvspec's state machine of one family run for a few seeded examples,
+    the one place tests build and run it (``harness.check.machine``)."""
+
+    def __call__(
+        self,
+        family: str,
+        factory: Any,
+        target: str = "spec",
+        *,
+        examples: int | None = 15,
+        seed: int = 2024,
+        shrink_seconds: int = 20,
+        profile: str = "dev",
+        checks: Any = None,
+        expect: str = "clean",
+    ) -> Any:
+        """The run's ``RunStats``.  ``expect``: ``clean`` (a finding fails the test, naming it),
+        ``finding`` (the run must end in one; the test fails if it does not), or ``any``.
+        ``examples`` None: the profile's own number."""
+        from harness.check.machine import RunStats, make_machine, run_machine
+        from harness.check.settings import CheckSettings
+        from harness.run.profiles import profile_settings
+
+        stats = RunStats()
+        cls = make_machine(family, factory, target, checks or CheckSettings(), stats)
+        budget = {} if examples is None else {"max_examples": examples}
+        hyp = profile_settings(profile, database=None, **budget)
+        try:
+            run_machine(cls, hyp, seed=seed, shrink_seconds=shrink_seconds)
+        except Exception:
+            if expect == "clean":
+                pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
+            if expect == "finding" and stats.finding is None:
+                raise
+            return stats
+        if expect == "finding":
+            pytest.fail(f"{target} on {family}: no finding in {stats.examples} examples")
+        return stats
+
+
+@pytest.fixture
+def machine_run() -> MachineRun:
+    return MachineRun()

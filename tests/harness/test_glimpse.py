@@ -12,12 +12,10 @@ import pytest
 from harness.bench.lockstep import pool_runs
 from harness.check.finding import FindingError
 from harness.check.lockstep import Lockstep
-from harness.check.machine import RunStats, make_machine, run_machine
 from harness.check.settings import CheckSettings
 from harness.core import ops as O
 from harness.core.glimpse import ENV, full_check_every, parse_full_check_every
 from harness.mutants.spec import MUTANTS, make_mutant
-from harness.run.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from spec import block_pool
@@ -203,14 +201,13 @@ FULL_TIER_ONLY = {"cache_drafts", "hits_not_touched"}
 @pytest.mark.parametrize(
     "name", [n if n not in FULL_TIER_ONLY else pytest.param(n, marks=pytest.mark.full) for n in sorted(MUTANTS)]
 )
-def test_mutants_are_still_reported_with_glimpses(name, monkeypatch):
+def test_mutants_are_still_reported_with_glimpses(name, monkeypatch, machine_run):
     """The same runs as tests/mutants, with glimpses between full checks every 4 operations and the
     persistent pool containers of large pools (``spec.persistent``) in these small ones: every
     deliberate bug is still reported (no check weakened)."""
-    monkeypatch.setenv(ENV, "4")
     monkeypatch.setattr(block_pool, "SMALL_POOL", 0)
-    stats = RunStats()
-    cls = make_machine(MUTANTS[name].family, lambda: make_mutant(name), f"mutant:{name}", CheckSettings(), stats)
-    with pytest.raises(AssertionError):  # FindingError is an AssertionError
-        run_machine(cls, profile_settings("ci", database=None), seed=11, shrink_seconds=5)
+    glimpsed = CheckSettings(full_check_every=4)
+    family, target = MUTANTS[name].family, f"mutant:{name}"
+    kw = {"examples": None, "seed": 11, "shrink_seconds": 5, "profile": "ci", "checks": glimpsed, "expect": "finding"}
+    stats = machine_run(family, lambda: make_mutant(name), target, **kw)
     assert stats.finding is not None, f"mutant {name} was not reported with glimpses on"

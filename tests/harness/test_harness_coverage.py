@@ -82,23 +82,46 @@ EXTRA = {
 DEFAULT_TIER = ("full", "hybrid_diff", "encoder_decoder", "async_sched")
 
 
-@pytest.mark.parametrize(
-    "family", [f if f in DEFAULT_TIER else pytest.param(f, marks=pytest.mark.full) for f in FAMILIES]
-)
-def test_family_reaches_its_actions(family):
-    """Runs of 400 examples (seeds 7, 8, ...) until every reachable action was seen, at most 5 runs:
-    rare actions (preemption needs several running requests to outgrow the pool) are reached within
-    a bounded budget rather than by one lucky seed."""
+def missing_actions(
+    family: str, examples: int, seeds: tuple[int, ...] = (7, 8, 9, 10, 11)
+) -> tuple[list[str], dict[str, int]]:
+    """Runs of ``examples`` examples (one per seed, in turn) until every action the family can reach
+    was seen: those never seen, and the counts."""
+
     wanted = (ACTIONS - UNREACHABLE.get(family, set())) | EXTRA.get(family, set())
     counts: dict[str, int] = {}
-    for seed in range(7, 12):
+    for seed in seeds:
         stats = RunStats()
         cls = make_machine(family, SpecTarget, "spec", CheckSettings(), stats)
-        run_machine(cls, profile_settings("dev", max_examples=400, database=None), seed=seed, shrink_seconds=5)
+        run_machine(cls, profile_settings("dev", max_examples=examples, database=None), seed=seed, shrink_seconds=5)
         for k, v in stats.events.items():
             if k.startswith(family + ":"):
                 counts[k.split(":", 1)[1]] = counts.get(k.split(":", 1)[1], 0) + v
         if all(counts.get(a) for a in wanted):
-            return
-    missing = sorted(a for a in wanted if not counts.get(a))
-    pytest.fail(f"{family} never reached {missing} in 5 x 400 examples; counts: {counts}")
+            return [], counts
+    return sorted(a for a in wanted if not counts.get(a)), counts
+
+
+@pytest.mark.parametrize(
+    "family", [f if f in DEFAULT_TIER else pytest.param(f, marks=pytest.mark.full) for f in FAMILIES]
+)
+def test_family_reaches_its_actions(family, full_tier):
+    """Runs (seeds 7, 8, ...) until every reachable action was seen, at most 5 runs: rare actions
+    (preemption needs several running requests to outgrow the pool) are reached within a bounded
+    budget rather than by one lucky seed.  The default tier's runs are of 80 examples (each family of
+    it reaches every action in its first run; about 4 s), the full tier's of 400."""
+    examples = 400 if full_tier else 80
+    missing, counts = missing_actions(family, examples)
+    assert not missing, f"{family} never reached {missing} in 5 x {examples} examples; counts: {counts}"
+
+
+def test_an_action_the_workload_stops_reaching_fails_the_check(monkeypatch):
+    """The deliberate bug: aborts never enabled; the cheap run of the default tier names them."""
+    import dataclasses
+
+    from harness.check import machine
+
+    never = dataclasses.replace(machine.ACTION_BY_NAME["abort"], enabled=lambda w: False)
+    monkeypatch.setitem(machine.ACTION_BY_NAME, "abort", never)
+    missing, _ = missing_actions("full", 80, seeds=(7,))
+    assert "abort" in missing

@@ -425,13 +425,8 @@ def test_v0_20_is_skipped_cleanly_on_vllm() -> None:
 
 
 @pytest.mark.parametrize("family", ["v0_20", "cbor", "encoder_decoder", "hash_block_override"])
-def test_impl_runs_the_new_families(family: str) -> None:
+def test_impl_runs_the_new_families(family: str, machine_run: Any) -> None:
     from harness.targets.impl import ImplTarget
 
-    stats = RunStats()
-    cls = make_machine(family, ImplTarget, "impl", CheckSettings(), stats)
-    try:
-        run_machine(cls, profile_settings("dev", max_examples=10, database=None), seed=3, shrink_seconds=5)
-    except Exception:
-        pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
+    stats = machine_run(family, ImplTarget, "impl", examples=10, seed=3, shrink_seconds=5)
     assert stats.examples > 0

@@ -10,9 +10,6 @@ from dataclasses import replace
 import pytest
 from ledger_cases import drive, is_known_vllm_trigger
 
-from harness.check.machine import RunStats, make_machine, run_machine
-from harness.check.settings import CheckSettings
-from harness.run.profiles import profile_settings
 from harness.targets.impl import ImplTarget
 from harness.targets.spec import SpecTarget
 from harness.world.families import FAMILIES
@@ -63,12 +60,7 @@ def test_seeded_runs_end_clean_or_at_a_known_trigger(inner):
 
 @pytest.mark.statemachine
 @pytest.mark.parametrize("family", FAMILIES)
-def test_state_machine_reports_only_known_bugs(family):
+def test_state_machine_reports_only_known_bugs(family, machine_run):
     """The fuzzing machine on the spec (ledger on, known bugs counted, not failing) ends clean."""
-    stats = RunStats()
-    cls = make_machine(family, SpecTarget, "spec", CheckSettings(), stats)
-    try:
-        run_machine(cls, profile_settings("dev", max_examples=15, database=None), seed=2024, shrink_seconds=20)
-    except Exception:
-        pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
+    stats = machine_run(family, SpecTarget, "spec")
     assert stats.examples > 0 and stats.steps > 0

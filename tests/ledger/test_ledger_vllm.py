@@ -20,10 +20,8 @@ from ledger_cases import (
 )
 
 from harness.check.lockstep import FindingError, Lockstep
-from harness.check.machine import RunStats, make_machine, run_machine
 from harness.check.settings import CheckSettings
 from harness.run.catalogue import resolve
-from harness.run.profiles import profile_settings
 from harness.world.families import FAMILIES
 from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
@@ -102,14 +100,9 @@ def test_vllm_runs_end_clean_or_at_a_known_trigger(vllm_factory):
 
 @pytest.mark.statemachine
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "v0_20"])
-def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family):
+def test_vllm_state_machine_reports_only_known_bugs(vllm_factory, family, machine_run):
     """vLLM against the spec with the ledger on (its default), known bugs counted and not failing."""
-    stats = RunStats()
-    cls = make_machine(family, vllm_factory, "vllm", CheckSettings(), stats)
-    try:
-        run_machine(cls, profile_settings("dev", max_examples=8, database=None), seed=7, shrink_seconds=30)
-    except Exception:
-        pytest.fail(stats.finding.summary() if stats.finding else "the machine raised without a finding")
+    machine_run(family, vllm_factory, "vllm", examples=8, seed=7, shrink_seconds=30)
 
 
 # --- the proposed fixes (harness/mutants/fixes_vllm.py, ``--target vllm-fixed``) ------------------------------

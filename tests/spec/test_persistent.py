@@ -4,13 +4,12 @@ in lockstep on every family."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.check.machine import RunStats, make_machine, run_machine
-from harness.check.settings import CheckSettings
-from harness.run.profiles import profile_settings
 from harness.targets.spec import SpecTarget
 from harness.world.families import FAMILIES
 from spec.linked_queue import LinkedQueue, queue_push
@@ -106,10 +105,8 @@ def test_linked_queue_refuses_a_block_twice() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_persistent_spec_equals_the_tuple_spec_in_lockstep(family: str) -> None:
+def test_persistent_spec_equals_the_tuple_spec_in_lockstep(family: str, machine_run: Any) -> None:
     """Every family's workload, the spec with persistent containers as the target and the spec
     with tuples as the reference: observations equal after every step, no finding."""
-    stats = RunStats()
-    cls = make_machine(family, lambda: SpecTarget(persistent=True), "spec-persistent", CheckSettings(), stats)
-    run_machine(cls, profile_settings("dev", max_examples=15, database=None), seed=5, shrink_seconds=5)
+    stats = machine_run(family, lambda: SpecTarget(persistent=True), "spec-persistent", seed=5, shrink_seconds=5)
     assert stats.finding is None and stats.steps > 0

@@ -203,7 +203,6 @@ def test_shadow_checks_a_large_pool_in_full_at_exit(
 
     monkeypatch.setenv(record.ENV_SHADOW, "1")
     monkeypatch.setenv(record.ENV_SHADOW_OUT, str(tmp_path))
-    monkeypatch.setenv("KVSPEC_FULL_CHECK_EVERY", "100000")  # no periodic full check: only the one at exit
     load_general_plugins()
     ch = SeededChoices(random.Random(3))
     small = draw_config(ch, "full")
