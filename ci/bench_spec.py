@@ -12,10 +12,16 @@ import argparse
 import random
 import time
 
-from spec import kv_cache_manager as m
-from spec.config import KVCacheConfig, full_attention, sliding_window
-from spec.invariants import check_invariants
-from spec.request import RequestStatus, append_output_token_ids, make_request, with_num_computed_tokens, with_status
+from kvspec.spec import kv_cache_manager as m
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
+from kvspec.spec.invariants import check_invariants
+from kvspec.spec.request import (
+    RequestStatus,
+    append_output_token_ids,
+    make_request,
+    with_num_computed_tokens,
+    with_status,
+)
 
 FAMILIES = {
     "full": (full_attention(16),),

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.targets.base import Unsupported
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.base import Unsupported
+from kvspec.spec.config import KVCacheConfig
 
 
 class TinyManager:

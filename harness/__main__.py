@@ -1,7 +1,7 @@
-"""``python -m harness`` is ``kvspec``."""
+"""``python -m kvspec.harness`` is ``kvspec``."""
 
 import sys
 
-from harness.cli import main
+from kvspec.harness.cli import main
 
 sys.exit(main())

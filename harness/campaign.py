@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.mutants.record import Mutant
-    from harness.run.catalogue import CatalogueEntry
+    from kvspec.harness.mutants.record import Mutant
+    from kvspec.harness.run.catalogue import CatalogueEntry
 
-from harness.check.finding import check_of
-from harness.run.exits import EXIT_FOUND as EXIT_SURVIVED
-from harness.run.exits import EXIT_OK, EXIT_USAGE
-from harness.run.options import MutantsOptions, UsageError
-from harness.run.startup import cold_report_seconds
+from kvspec.harness.check.finding import check_of
+from kvspec.harness.run.exits import EXIT_FOUND as EXIT_SURVIVED
+from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import MutantsOptions, UsageError
+from kvspec.harness.run.startup import cold_report_seconds
 
 RELATION_CHECKS = ("outcome", "observation")
 
@@ -70,7 +70,7 @@ class Entry:
         """The target the run loop drives: a built-in mutant as the catalogue resolves it (its driver
         included: vLLM's real scheduler for a scheduler mutant), any other row's factory under the
         lockstep driver."""
-        from harness.run.catalogue import manager_entry, resolve
+        from kvspec.harness.run.catalogue import manager_entry, resolve
 
         if self.factory is None:
             return resolve(self.target)
@@ -148,7 +148,7 @@ def add_parser(sub: Any) -> None:
 def builtin_entries(with_vllm: bool) -> list[Entry]:
     """One row per built-in mutant and mode (``harness.mutants.registry.all_mutants``); the runtime
     vLLM ones only ``with_vllm``."""
-    from harness.mutants.registry import all_mutants
+    from kvspec.harness.mutants.registry import all_mutants
 
     return [
         _entry(m, mode)
@@ -161,7 +161,7 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
 def _entry(m: Mutant, mode: str) -> Entry:
     """The row of mutant ``m`` in ``mode``: in ``self`` mode the spec itself carries the bug; otherwise
     the catalogue's ``mutant:NAME`` target, resolved when the row runs."""
-    from harness.targets.spec import SpecTarget
+    from kvspec.harness.targets.spec import SpecTarget
 
     origin = "scheduler" if m.target == "vllm-scheduler" else m.target
     target, fams = f"mutant:{m.name}", (m.family,)
@@ -171,10 +171,10 @@ def _entry(m: Mutant, mode: str) -> Entry:
 
 
 def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
-    from harness.mutants.spec import patched_spec
+    from kvspec.harness.mutants.spec import patched_spec
 
     def patch() -> AbstractContextManager[None]:
-        ctx: AbstractContextManager[None] = patched_spec(name, keep=("spec.invariants",))
+        ctx: AbstractContextManager[None] = patched_spec(name, keep=("kvspec.spec.invariants",))
         return ctx
 
     return patch
@@ -182,8 +182,8 @@ def _self_patch(name: str) -> Callable[[], AbstractContextManager[None]]:
 
 def user_entries(target: str, mutants: str | None, families: tuple[str, ...], relation: str) -> list[Entry]:
     """The user's mutants (``UsageError``-style ``ValueError`` naming what is wrong)."""
-    from harness.targets import TargetLoadError, check_target
-    from harness.world.families import parse_families
+    from kvspec.harness.targets import TargetLoadError, check_target
+    from kvspec.harness.world.families import parse_families
 
     if ":" not in target:
         raise ValueError(f"--target {target!r}: expected package.module:factory")
@@ -217,7 +217,7 @@ def user_entries(target: str, mutants: str | None, families: tuple[str, ...], re
 
 def _load_callable(spec: str) -> Callable[[], Any]:
     """``package.module:callable``, resolved exactly as ``--target`` is (``TargetLoadError`` says why not)."""
-    from harness.targets import TargetLoadError, user_factory
+    from kvspec.harness.targets import TargetLoadError, user_factory
 
     try:
         return user_factory(spec)
@@ -235,9 +235,9 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
     recorded run's length)."""
     from hypothesis import Verbosity
 
-    from harness.run.fuzzing import run_fuzz
-    from harness.traces.report import write_report
-    from harness.traces.trace import trace_from_json
+    from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.traces.report import write_report
+    from kvspec.harness.traces.trace import trace_from_json
 
     fuzz = opts.fuzz_options(entry.target, entry.families, "exact" if entry.mode == "self" else entry.mode)
     overrides: dict[str, Any] = {"verbosity": Verbosity.quiet}  # the table is the output, not Hypothesis' notes
@@ -275,7 +275,7 @@ def select(entries: list[Entry], only: str | None) -> list[Entry]:
 
 
 def all_checks() -> list[str]:
-    from spec.invariants import SPEC_INVARIANTS
+    from kvspec.spec.invariants import SPEC_INVARIANTS
 
     return [*SPEC_INVARIANTS, "events_replay", *RELATION_CHECKS]
 
@@ -331,7 +331,7 @@ def _secs(x: float | None) -> str:
 
 def mutants_cmd(opts: MutantsOptions) -> int:
     """``kvspec mutants``, its options already checked (``MutantsOptions.from_namespace``)."""
-    from harness.world.families import parse_families
+    from kvspec.harness.world.families import parse_families
 
     try:
         if opts.target is not None:
@@ -381,9 +381,9 @@ def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, s
     """``opts`` under the relation in force for the user's ``target`` (said on stderr, with why)."""
     from dataclasses import replace
 
-    from harness.run.catalogue import resolve
-    from harness.run.relation_choice import choose_relation
-    from harness.targets import TargetLoadError
+    from kvspec.harness.run.catalogue import resolve
+    from kvspec.harness.run.relation_choice import choose_relation
+    from kvspec.harness.targets import TargetLoadError
 
     try:
         choice = choose_relation(opts.relation, resolve(target))
@@ -395,7 +395,7 @@ def _with_relation(opts: MutantsOptions, target: str) -> tuple[MutantsOptions, s
 
 def _control_passes(opts: MutantsOptions, target: str, entries: list[Entry]) -> bool:
     """The unmutated user target must survive the same families for a short while."""
-    from harness.run.catalogue import resolve
+    from kvspec.harness.run.catalogue import resolve
 
     fams = tuple(sorted({f for e in entries for f in e.families}))
     control = Entry("(control)", "user", opts.relation or "exact", target, fams, resolve(target).factory)

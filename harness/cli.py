@@ -1,4 +1,4 @@
-"""``kvspec``: the command line users script in CI (also ``python -m harness``).
+"""``kvspec``: the command line users script in CI (also ``python -m kvspec.harness``).
 
 - ``kvspec fuzz --target T --family F --seconds N --seed S --out DIR``: exit 0 if nothing was
   found, 1 if a report was written (under DIR, or, if DIR cannot be written after all, under a fresh
@@ -21,8 +21,8 @@ import os
 import sys
 from typing import Any
 
-from harness.run.exits import EXIT_OK, EXIT_USAGE
-from harness.run.options import FuzzOptions, MutantsOptions, UsageError
+from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import FuzzOptions, MutantsOptions, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "releases", help="the vLLM releases kvspec models; `releases diff OLD NEW` (docs/releases.md)", add_help=False
     )
-    from harness.campaign import add_parser as add_mutants_parser
+    from kvspec.harness.campaign import add_parser as add_mutants_parser
 
     add_mutants_parser(sub)
     return p
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return report_cmd(args)
         if args.command == "mutants":
-            from harness.campaign import mutants_cmd
+            from kvspec.harness.campaign import mutants_cmd
 
             return mutants_cmd(MutantsOptions.from_namespace(args))
     except UsageError as e:
@@ -193,17 +193,17 @@ def _passthrough(argv: list[str]) -> int | None:
     """``prove``, ``pd`` and ``releases`` parse their own arguments: their exit status, else None."""
     if argv and argv[0] == "prove":
         try:
-            from harness.proofs import prove_main
+            from kvspec.harness.proofs import prove_main
         except ImportError as e:
             print(f"kvspec prove: not available: {e}", file=sys.stderr)
             return EXIT_USAGE
         return int(prove_main(argv[1:]) or 0)
     if argv and argv[0] == "pd":
-        from harness.pd.cli import main as pd_main
+        from kvspec.harness.pd.cli import main as pd_main
 
         return pd_main(argv[1:])
     if argv and argv[0] == "releases":
-        from harness.releases.cli import releases_main
+        from kvspec.harness.releases.cli import releases_main
 
         return releases_main(argv[1:])
     return None
@@ -217,9 +217,9 @@ def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
     ``relation_given`` the target's own relation replaces ``opts.relation``: the target resolved
     (``harness.run.catalogue``), the one run loop run with SIGINT and SIGTERM handled, then the summary
     and the report (``harness.run.finish``)."""
-    from harness.run.finish import finish_fuzz
-    from harness.run.fuzzing import FuzzResult, NothingToRun
-    from harness.run.signals import SIGNALS, Interrupted
+    from kvspec.harness.run.finish import finish_fuzz
+    from kvspec.harness.run.fuzzing import FuzzResult, NothingToRun
+    from kvspec.harness.run.signals import SIGNALS, Interrupted
 
     tty = sys.stderr.isatty()
     with SIGNALS.installed():
@@ -247,10 +247,10 @@ def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
 
 def _run_fuzz(opts: FuzzOptions, target: Any, tty: bool) -> Any:
     """One process (a progress line on a terminal) or ``--workers`` processes; the ``FuzzResult``."""
-    from harness.run.fuzzing import progress_line, run_fuzz
+    from kvspec.harness.run.fuzzing import progress_line, run_fuzz
 
     if opts.workers > 1:
-        from harness.run.workers import fuzz_workers
+        from kvspec.harness.run.workers import fuzz_workers
 
         return fuzz_workers(opts, progress=tty)
     last = [0.0]
@@ -273,9 +273,9 @@ def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOpti
     declares a relation that does not exist."""
     from dataclasses import replace
 
-    from harness.run.catalogue import fuzz_target
-    from harness.run.relation_choice import choose_relation
-    from harness.targets import TargetLoadError
+    from kvspec.harness.run.catalogue import fuzz_target
+    from kvspec.harness.run.relation_choice import choose_relation
+    from kvspec.harness.targets import TargetLoadError
 
     try:
         target = fuzz_target(opts)
@@ -305,9 +305,9 @@ def _unused_options(opts: FuzzOptions, target: Any) -> FuzzOptions:
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
-    from harness.check.settings import CheckSettings
-    from harness.run.options import from_environ
-    from harness.run.replays import replay_paths
+    from kvspec.harness.check.settings import CheckSettings
+    from kvspec.harness.run.options import from_environ
+    from kvspec.harness.run.replays import replay_paths
 
     if not 0 <= args.step_timeout <= 86400:  # NaN too
         raise UsageError(f"--step-timeout must be in [0, 86400] seconds (0: none), got {args.step_timeout}")
@@ -322,9 +322,9 @@ def replay_cmd(args: argparse.Namespace) -> int:
 
 
 def report_cmd(args: argparse.Namespace) -> int:
-    from harness.core.strict_json import TraceFormatError
-    from harness.traces.report import render_report
-    from harness.traces.trace import read_trace
+    from kvspec.harness.core.strict_json import TraceFormatError
+    from kvspec.harness.traces.report import render_report
+    from kvspec.harness.traces.trace import read_trace
 
     try:
         trace = read_trace(args.path)

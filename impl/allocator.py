@@ -28,11 +28,11 @@ The code lives in one module per vLLM layer; this module re-exports their public
 
 from __future__ import annotations
 
-from impl.block_pool import FREE_ORDERS, NULL, BlockPool
-from impl.events import Cleared, KVEvent, Removed, Stored
-from impl.kv_cache_manager import KVCacheManager
-from impl.request import PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS, GroupSpec, Request
-from impl.single_type_managers import (
+from kvspec.impl.block_pool import FREE_ORDERS, NULL, BlockPool
+from kvspec.impl.events import Cleared, KVEvent, Removed, Stored
+from kvspec.impl.kv_cache_manager import KVCacheManager
+from kvspec.impl.request import PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS, GroupSpec, Request
+from kvspec.impl.single_type_managers import (
     MANAGER_CLASSES,
     ChunkedLocalManager,
     CrossAttentionManager,

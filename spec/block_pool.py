@@ -31,12 +31,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from spec.hashing import get_published_hash
-from spec.linked_queue import LinkedQueue, queue_popleft, queue_push, queue_remove
-from spec.persistent import SMALL_POOL, MapOverlay, PMap, PVec, VecOverlay, vec_set
-from spec.releases.profile import BASE, Profile
-from spec.types import (
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvspec.spec.hashing import get_published_hash
+from kvspec.spec.linked_queue import LinkedQueue, queue_popleft, queue_push, queue_remove
+from kvspec.spec.persistent import SMALL_POOL, MapOverlay, PMap, PVec, VecOverlay, vec_set
+from kvspec.spec.releases.profile import BASE, Profile
+from kvspec.spec.types import (
     NULL_BLOCK_ID,
     BlockCount,
     BlockHash,

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from spec.releases.profile import BASE, Profile
-from spec.types import BlockCount, TokenCount
+from kvspec.spec.releases.profile import BASE, Profile
+from kvspec.spec.types import BlockCount, TokenCount
 
 AttentionKind = Literal["full", "sliding_window", "chunked_local", "cross"]
 HashAlgo = Literal["sha256", "sha256_cbor"]

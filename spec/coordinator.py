@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from spec import arith, managers
-from spec.config import AttentionSpec, KVCacheConfig
-from spec.releases.profile import ExternalAllocation, HybridHitTrim
-from spec.request import Request
-from spec.state import KVCacheManagerState
-from spec.types import BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
+from kvspec.spec import arith, managers
+from kvspec.spec.config import AttentionSpec, KVCacheConfig
+from kvspec.spec.releases.profile import ExternalAllocation, HybridHitTrim
+from kvspec.spec.request import Request
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
 
 CoordinatorKind = Literal["no_prefix_cache", "unitary", "hybrid"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec.types import BlockHash, GroupId, TokenCount
+from kvspec.spec.types import BlockHash, GroupId, TokenCount
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,9 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spec.config import HashAlgo
-from spec.releases.profile import BASE, Profile
-from spec.types import BlockHash
+from kvspec.spec.config import HashAlgo
+from kvspec.spec.releases.profile import BASE, Profile
+from kvspec.spec.types import BlockHash
 
 HashFn = Callable[[object], bytes]
 

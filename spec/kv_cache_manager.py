@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from spec import arith, block_pool, coordinator
-from spec.config import KVCacheConfig
-from spec.events import Event
-from spec.request import Request, get_prefix_cache_hit_limit
-from spec.slot_allocation import (
+from kvspec.spec import arith, block_pool, coordinator
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.events import Event
+from kvspec.spec.request import Request, get_prefix_cache_hit_limit
+from kvspec.spec.slot_allocation import (
     adopt_computed_blocks,
     get_num_blocks_for_full_sequence,
     get_num_blocks_to_allocate,
@@ -34,8 +34,8 @@ from spec.slot_allocation import (
     is_empty_allocation_for,
     verify_non_negative_counts,
 )
-from spec.state import KVCacheManagerState, init_state, with_pool
-from spec.types import GroupBlockIds, RequestId
+from kvspec.spec.state import KVCacheManagerState, init_state, with_pool
+from kvspec.spec.types import GroupBlockIds, RequestId
 
 """One tuple of block ids per KV-cache group (vLLM ``KVCacheBlocks.get_block_ids()``)."""
 

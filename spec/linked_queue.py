@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
-from spec.persistent import CHUNK, PVec, VecOverlay
+from kvspec.spec.persistent import CHUNK, PVec, VecOverlay
 
 NONE = -1  # LinkedQueue: no neighbour (the queue's ends)
 OUT = -2  # LinkedQueue: the block is not queued

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from spec import arith, block_pool
-from spec.block_pool import cache_full_blocks, cache_partial_block, free_blocks, get_cached_block, get_new_blocks, touch
-from spec.config import AttentionSpec
-from spec.hashing import get_group_block_hashes
-from spec.releases.profile import BASE, PartialTailBoundary, Profile
-from spec.request import Request
-from spec.state import (
+from kvspec.spec import arith, block_pool
+from kvspec.spec.block_pool import free_blocks, get_new_blocks
+from kvspec.spec.config import AttentionSpec
+from kvspec.spec.hashing import get_group_block_hashes
+from kvspec.spec.releases.profile import BASE, PartialTailBoundary, Profile
+from kvspec.spec.request import Request
+from kvspec.spec.state import (
     KVCacheManagerState,
     get_table,
     with_num_cached_block,
@@ -30,7 +30,7 @@ from spec.state import (
     with_table,
     without_request,
 )
-from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
+from kvspec.spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupBlockIds, GroupId, RequestId
 
 CachedAt = Callable[[int], Sequence[BlockId] | None]
 """``cached_at(i)``: the block cached under view hash i for each group id searched, or None."""
@@ -173,7 +173,7 @@ def find_longest_cache_hit(
     view = resolve_block_hashes(block_hashes, state.config.hash_block_size, spec.block_size, state.config.profile)
 
     def cached_at(i: int) -> Sequence[BlockId] | None:
-        return get_cached_block(state.pool, view[i], group_ids) if i < len(view) else None
+        return block_pool.get_cached_block(state.pool, view[i], group_ids) if i < len(view) else None
 
     n = len(group_ids)
     if spec.kind == "full":
@@ -252,7 +252,7 @@ def add_local_computed_blocks(
     skipped_blocks = arith.get_num_skipped_blocks(get_num_skipped_tokens(spec, total), spec.block_size)
     kept = tuple(new_computed_blocks[skipped_blocks:])
     if state.config.enable_caching:
-        state = with_pool(state, touch(state.pool, kept))
+        state = with_pool(state, block_pool.touch(state.pool, kept))
     else:
         assert all(b == NULL_BLOCK_ID for b in kept), "prefix hits while caching is disabled"
     table = (NULL_BLOCK_ID,) * skipped_blocks + kept
@@ -358,7 +358,7 @@ def _cache_full_blocks(
         request.block_hashes, state.config.hash_block_size, spec.block_size, state.config.profile
     )
     mask = get_reachable_block_mask(spec, num_cached, num_full, alignment)
-    pool = cache_full_blocks(
+    pool = block_pool.cache_full_blocks(
         state.pool, request.all_token_ids, view, table, num_cached, num_full, spec.block_size, gid, mask
     )
     return with_num_cached_block(with_pool(state, pool), gid, rid, num_full)
@@ -400,7 +400,7 @@ def cache_partial_tail_block(
     index = boundary // spec.block_size
     if index >= len(table):
         return state
-    pool = cache_partial_block(
+    pool = block_pool.cache_partial_block(
         state.pool, request.all_token_ids, request.block_hashes, table[index], boundary, hbs, gid
     )
     return with_pool(state, pool)

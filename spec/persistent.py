@@ -2,7 +2,7 @@
 
 For a pool of ``N`` blocks, a tuple per field costs ``O(N)`` to rebuild on every operation; the
 containers here share everything an operation leaves alone (structural sharing), so a step costs
-``O(touched + sqrt N)`` whatever the pool size (``python -m harness.bench lockstep``, pool table):
+``O(touched + sqrt N)`` whatever the pool size (``python -m kvspec.harness.bench lockstep``, pool table):
 
 - ``PVec``: a fixed-length vector cut into chunks of ``CHUNK`` entries; an update copies the chunks
   it writes and the (short) tuple of chunks.  Two vectors that share chunks compare in C, chunk by

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spec.config import HashAlgo, KVCacheConfig
-from spec.hashing import HashFeatures, MMFeature, extend_block_hashes
-from spec.releases.profile import BASE, Profile
-from spec.types import BlockHash, RequestId, TokenCount
+from kvspec.spec.config import HashAlgo, KVCacheConfig
+from kvspec.spec.hashing import HashFeatures, MMFeature, extend_block_hashes
+from kvspec.spec.releases.profile import BASE, Profile
+from kvspec.spec.types import BlockHash, RequestId, TokenCount
 
 PROCESS_HASH_SEED: str | None = os.environ.get("PYTHONHASHSEED")
 """vLLM 0.33 ``init_none_hash`` seeds NONE_HASH from ``PYTHONHASHSEED`` when it is set, once per

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spec import arith, block_pool, coordinator
-from spec.config import KVCacheConfig
-from spec.request import Request, RequestStatus
-from spec.state import KVCacheManagerState
-from spec.types import GroupBlockIds
+from kvspec.spec import arith, block_pool, coordinator
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.request import Request, RequestStatus
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import GroupBlockIds
 
 
 def verify_non_negative_counts(op: str, counts: Mapping[str, int]) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from spec.block_pool import BlockPool, init_block_pool
-from spec.config import KVCacheConfig
-from spec.types import BlockId, GroupId, RequestId
+from kvspec.spec.block_pool import BlockPool, init_block_pool
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.types import BlockId, GroupId, RequestId
 
 
 @dataclass(frozen=True, slots=True)

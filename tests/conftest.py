@@ -78,9 +78,9 @@ class MachineRun:
         """The run's ``RunStats``.  ``expect``: ``clean`` (a finding fails the test, naming it),
         ``finding`` (the run must end in one; the test fails if it does not), or ``any``.
         ``examples`` None: the profile's own number."""
-        from harness.check.machine import RunStats, make_machine, run_machine
-        from harness.check.settings import CheckSettings
-        from harness.run.profiles import profile_settings
+        from kvspec.harness.check.machine import RunStats, make_machine, run_machine
+        from kvspec.harness.check.settings import CheckSettings
+        from kvspec.harness.run.profiles import profile_settings
 
         stats = RunStats()
         cls = make_machine(family, factory, target, checks or CheckSettings(), stats)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
-from harness.world import families
+from kvspec.harness.cli import main
+from kvspec.harness.world import families
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
@@ -56,8 +56,8 @@ def test_a_family_added_as_the_doc_says_is_fuzzed(
 def test_a_mutant_added_as_the_doc_says_is_killed_by_its_check(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.mutants import invariants, spec
-    from harness.mutants.record import Mutant
+    from kvspec.harness.mutants import invariants, spec
+    from kvspec.harness.mutants.record import Mutant
 
     code = doc_code("A mutant")
     *definitions, entry = code.strip().split("\n\n\n")  # the wrapper, then the catalogue entry
@@ -85,8 +85,8 @@ def test_a_driver_added_as_the_doc_says_runs_through_the_cli_and_replays(
     import dataclasses
     import types
 
-    from harness.mutants.spec import make_mutant
-    from harness.run import catalogue
+    from kvspec.harness.mutants.spec import make_mutant
+    from kvspec.harness.run import catalogue
 
     monkeypatch.setattr(catalogue, "BUILTIN", dict(catalogue.BUILTIN))
     run_in_module(doc_code("A driver"), types.ModuleType("kvspec_doc_driver"))

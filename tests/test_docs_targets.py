@@ -1,5 +1,5 @@
 """docs/targets.md works as written: every ``kvspec`` command of its fenced code blocks, run from the
-repository root with the console script and with ``python -m harness`` (no ``PYTHONPATH``), exits as
+repository root with the console script and with ``python -m kvspec.harness`` (no ``PYTHONPATH``), exits as
 its ``# exits N`` comment says; and a ``package.module:factory`` target loads from the current folder
 even when nothing else put that folder on ``sys.path`` (a console script does not)."""
 
@@ -16,21 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.finding import FindingError
-from harness.check.lockstep import Lockstep
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.run.catalogue import resolve
-from harness.targets import TargetLoadError, Unsupported
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import FindingError
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.targets import TargetLoadError, Unsupported
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "targets.md"
 REPORTS = ROOT / "kvspec-reports"
 LAUNCHERS = {
     "console-script": [str(Path(sys.executable).with_name("kvspec"))],
-    "python-m": [sys.executable, "-m", "harness"],
+    "python-m": [sys.executable, "-m", "kvspec.harness"],
 }
 
 

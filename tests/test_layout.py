@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 MAX_TOP_MODULES = 12
-TOP = {"harness.cli", "harness.campaign", "harness.__main__"}  # on top of every layer
+TOP = {"kvspec.harness.cli", "kvspec.harness.campaign", "kvspec.harness.__main__"}  # on top of every layer
 
 
 def module_name(path: Path) -> str:
@@ -32,13 +32,32 @@ def harness_modules() -> dict[str, Path]:
 
 def imported_names(path: Path) -> Iterator[str]:
     """Every module name an ``import`` statement anywhere in the file names (``from a import b``
-    yields ``a`` and ``a.b``: ``b`` may be a module)."""
+    yields ``a`` and ``a.b``: ``b`` may be a module), without the ``kvspec.`` every one of kvspec's
+    own starts with (``kvspec.harness.cli`` -> ``harness.cli``, the folder's name)."""
+    for name in _imported(path):
+        yield name.removeprefix("kvspec.")
+
+
+def _imported(path: Path) -> Iterator[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             yield node.module
             yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+def test_kvspec_is_imported_by_its_one_name_only() -> None:
+    """Nothing imports ``spec``, ``impl`` or ``harness`` bare: kvspec installs one import name,
+    ``kvspec`` (a user's own ``harness`` or ``spec`` package must not shadow it, nor it them)."""
+    bare = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for folder in ("spec", "impl", "harness", "tests", "examples", "ci")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        for name in _imported(p)
+        if name.split(".")[0] in ("spec", "impl", "harness")
+    ]
+    assert not bare, "\n".join(bare)
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""Benchmarks that print figures: ``python -m harness.bench allocator|lockstep|attention``.
+"""Benchmarks that print figures: ``python -m kvspec.harness.bench allocator|lockstep|attention``.
 
 - ``allocator``: kvspec's impl allocator against vLLM's manager and the spec (and the command line);
 - ``lockstep``: where a lockstep step's time goes, and whether it grows with the pool;

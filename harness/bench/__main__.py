@@ -1,5 +1,5 @@
-"""``python -m harness.bench``: the benchmarks' command line (``harness.bench.allocator``)."""
+"""``python -m kvspec.harness.bench``: the benchmarks' command line (``harness.bench.allocator``)."""
 
-from harness.bench.allocator import main
+from kvspec.harness.bench.allocator import main
 
 main()

@@ -1,14 +1,14 @@
 """Benchmarks: kvspec's impl allocator vs vLLM 0.33's ``KVCacheManager``; paged attention on GPU.
 
-``python -m harness.bench allocator [--requests N] [--steps N] [--seed S]`` replays one generated
+``python -m kvspec.harness.bench allocator [--requests N] [--steps N] [--seed S]`` replays one generated
 decode-heavy trace (admissions with shared prefixes and a prefix-cache lookup, then decode steps of
 one token, finishes that free and re-admit) on both managers, checks that both hand out the same
 block ids, and prints manager calls per second and the ratio.
 
-``python -m harness.bench lockstep`` (``harness.bench.lockstep``): µs per operation of the target's
+``python -m kvspec.harness.bench lockstep`` (``harness.bench.lockstep``): µs per operation of the target's
 bare calls, the spec, lockstep and full lockstep, per family and against the pool size.
 
-``python -m harness.bench attention`` (CUDA only) times the torch paged path, the Triton kernel and
+``python -m kvspec.harness.bench attention`` (CUDA only) times the torch paged path, the Triton kernel and
 dense SDPA on a large shuffled pool and prints the achieved KV-read bandwidth.
 """
 
@@ -56,8 +56,8 @@ def decode_heavy_trace(requests: int, steps: int, seed: int, block_size: int = 1
 
 
 def run_impl(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, list[Any]]:
-    from impl.allocator import GroupSpec, KVCacheManager, Request
-    from impl.hashing import BlockHasher
+    from kvspec.impl.allocator import GroupSpec, KVCacheManager, Request
+    from kvspec.impl.hashing import BlockHasher
 
     m = KVCacheManager([GroupSpec("full", block_size)], num_blocks=num_blocks, max_model_len=1 << 20)
     hasher = BlockHasher(block_size)
@@ -135,10 +135,16 @@ def run_vllm(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, 
 def run_spec(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, list[Any]]:
     """The reference model on the same trace (its state is a value: every call copies the pool's
     tuples, so its cost grows with the pool; it is built for the harness' small pools)."""
-    from spec import kv_cache_manager as m
-    from spec.config import KVCacheConfig, full_attention
-    from spec.request import RequestStatus, append_output_token_ids, make_request, with_num_computed_tokens, with_status
-    from spec.types import BlockCount, TokenCount
+    from kvspec.spec import kv_cache_manager as m
+    from kvspec.spec.config import KVCacheConfig, full_attention
+    from kvspec.spec.request import (
+        RequestStatus,
+        append_output_token_ids,
+        make_request,
+        with_num_computed_tokens,
+        with_status,
+    )
+    from kvspec.spec.types import BlockCount, TokenCount
 
     cfg = KVCacheConfig(
         num_blocks=BlockCount(num_blocks), groups=(full_attention(block_size),), max_model_len=TokenCount(1 << 20)
@@ -172,11 +178,11 @@ def run_spec(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, 
 def oracle_cost(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, float]:
     """Seconds per operation of the impl target with and without the KV-content oracle, on the
     trace as harness operations (each admission and decode runs the model once)."""
-    from harness.core import ops as O
-    from harness.oracle.target import KVCheckTarget
-    from harness.targets.impl import ImplTarget
-    from spec.config import KVCacheConfig, full_attention
-    from spec.types import BlockCount, TokenCount
+    from kvspec.harness.core import ops as O
+    from kvspec.harness.oracle.target import KVCheckTarget
+    from kvspec.harness.targets.impl import ImplTarget
+    from kvspec.spec.config import KVCacheConfig, full_attention
+    from kvspec.spec.types import BlockCount, TokenCount
 
     cfg = KVCacheConfig(
         num_blocks=BlockCount(num_blocks), groups=(full_attention(block_size),), max_model_len=TokenCount(1 << 20)
@@ -297,7 +303,7 @@ def _compare_with_vllm(rates: dict[str, float], outs: dict[str, list[Any]], repo
 def bench_attention() -> None:  # pragma: no cover - GPU only
     import torch
 
-    from impl.attention import paged_attention, paged_attention_triton, triton_available
+    from kvspec.impl.attention import paged_attention, paged_attention_triton, triton_available
 
     if not torch.cuda.is_available():
         raise SystemExit("the attention benchmark needs CUDA")
@@ -342,7 +348,7 @@ def bench_attention() -> None:  # pragma: no cover - GPU only
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m harness.bench")
+    ap = argparse.ArgumentParser(prog="python -m kvspec.harness.bench")
     sub = ap.add_subparsers(dest="what", required=True)
     a = sub.add_parser("allocator")
     a.add_argument("--requests", type=int, default=64)
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--oracle-steps", type=int, default=1500, help="trace prefix timed with and without the KV oracle")
     a.add_argument("--json", help="also write the figures as JSON here")
     sub.add_parser("attention")
-    from harness.bench import lockstep as bench_lockstep
+    from kvspec.harness.bench import lockstep as bench_lockstep
 
     bench_lockstep.add_parser(sub)
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """Where a lockstep step's time goes, and whether it grows with the pool (issue: speed).
 
-``python -m harness.bench lockstep [--target vllm] [--examples 30] [--json PATH]``
+``python -m kvspec.harness.bench lockstep [--target vllm] [--examples 30] [--json PATH]``
 
 1. Per family, the fuzzing machine (``harness.check.machine``, Hypothesis, ledger and invariants on) runs
    ``--examples`` examples against ``--target``; its wall time per applied operation is the
@@ -28,13 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.check.lockstep import Lockstep
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.targets.base import Target
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.base import Target
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 
 Run = tuple[KVCacheConfig, list[O.Op]]
 POOL_SIZES = (16, 1024, 65536)
@@ -67,7 +67,7 @@ class Recorder:
 
 def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 3) -> float:
     """Seconds per operation of ``run`` replayed one way (best of ``repeat``)."""
-    from harness.targets.spec import SpecTarget
+    from kvspec.harness.targets.spec import SpecTarget
 
     config, ops = run
     best = float("inf")
@@ -94,8 +94,8 @@ def time_mode(mode: str, factory: Callable[[], Target], run: Run, repeat: int = 
 
 
 def family_rows(target: str, factory: Callable[[], Target], families: list[str], examples: int) -> list[dict[str, Any]]:
-    from harness.check.machine import RunStats, make_machine, run_machine
-    from harness.run.profiles import profile_settings
+    from kvspec.harness.check.machine import RunStats, make_machine, run_machine
+    from kvspec.harness.run.profiles import profile_settings
 
     rows = []
     for family in families:
@@ -120,8 +120,8 @@ def family_rows(target: str, factory: Callable[[], Target], families: list[str],
 
 def pool_runs(seed: int = 3, actions: int = 400) -> dict[int, Run]:
     """One seeded workload per pool size (full attention, block size 16, prompts up to 512 tokens)."""
-    from harness.targets.spec import SpecTarget
-    from harness.world.workload import run_seeded
+    from kvspec.harness.targets.spec import SpecTarget
+    from kvspec.harness.world.workload import run_seeded
 
     out: dict[int, Run] = {}
     for n in POOL_SIZES:
@@ -157,7 +157,7 @@ def print_table(rows: list[dict[str, Any]], key: str, hypothesis: bool) -> None:
 
 
 def bench_lockstep(target: str, families: list[str], examples: int, json_path: str | None) -> None:
-    from harness.run.catalogue import resolve
+    from kvspec.harness.run.catalogue import resolve
 
     factory = resolve(target).factory
     print(f"target {target}: µs per operation, replayed outside Hypothesis unless labelled (best of 3)")
@@ -184,6 +184,6 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    from harness.world.families import parse_families
+    from kvspec.harness.world.families import parse_families
 
     bench_lockstep(args.target, parse_families(args.family), args.examples, args.json)

@@ -1,6 +1,6 @@
 """The speed-up of ``kvspec fuzz --workers N`` over one worker, for the same wall-clock seconds.
 
-    python -m harness.bench.workers --seconds 20 --workers 1,2 --target spec --family full
+    python -m kvspec.harness.bench.workers --seconds 20 --workers 1,2 --target spec --family full
 
 Each run fuzzes a target that finds nothing (the spec by default) for ``--seconds`` through the same
 process pool (``harness.run.workers``), so both sides pay the same start-up, and counts the examples and
@@ -17,12 +17,12 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from harness.run.options import FuzzOptions
+from kvspec.harness.run.options import FuzzOptions
 
 
 def bench_options(target: str, family: str, seconds: float, workers: int, seed: int = 0) -> FuzzOptions:
     """The fuzz run measured: ``kvspec fuzz``'s defaults but for these."""
-    from harness.world.families import parse_families
+    from kvspec.harness.world.families import parse_families
 
     return FuzzOptions(
         target=target, families=tuple(parse_families(family)), seconds=seconds, seed=seed, workers=workers
@@ -30,7 +30,7 @@ def bench_options(target: str, family: str, seconds: float, workers: int, seed: 
 
 
 def measure(target: str, family: str, seconds: float, workers: int, seed: int = 0) -> dict[str, float]:
-    from harness.run.workers import fuzz_workers
+    from kvspec.harness.run.workers import fuzz_workers
 
     opts = bench_options(target, family, seconds, workers, seed)
     with tempfile.TemporaryDirectory(prefix="kvspec-bench-db-") as db:
@@ -49,7 +49,7 @@ def measure(target: str, family: str, seconds: float, workers: int, seed: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.bench.workers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kvspec.harness.bench.workers", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts; the first is the baseline")
     p.add_argument("--target", default="spec")

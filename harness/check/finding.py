@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.check.timeout import StepTimeout, call_with_timeout
-from harness.core.observation import Observation
+from kvspec.harness.check.timeout import StepTimeout, call_with_timeout
+from kvspec.harness.core.observation import Observation
 
 __all__ = ["Finding", "FindingError", "StepTimeout", "call_with_timeout", "check_of", "obs_to_json"]
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.check.guard import Call, guarded_call, malformed
-from harness.check.witness import Step, outcome_blocks
-from harness.core import ops as O
-from harness.core.glimpse import Glimpse, block_keys, hashes_glimpse, touched_blocks
-from harness.targets import outcome_schema as S
-from harness.targets.spec import SpecTarget
+from kvspec.harness.check.guard import Call, guarded_call, malformed
+from kvspec.harness.check.witness import Step, outcome_blocks
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.glimpse import Glimpse, block_keys, hashes_glimpse, touched_blocks
+from kvspec.harness.targets import outcome_schema as S
+from kvspec.harness.targets.spec import SpecTarget
 
 
 def has_glimpse_hashes(target: Any) -> bool:

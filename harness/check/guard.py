@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from harness.check.finding import Finding, FindingError, StepTimeout, call_with_timeout
-from harness.check.memory_guard import memory_error_message
-from harness.core import ops as O
-from harness.core.ops_json import op_to_json
-from harness.targets import outcome_schema as S
-from harness.targets.base import Unsupported
+from kvspec.harness.check.finding import Finding, FindingError, StepTimeout, call_with_timeout
+from kvspec.harness.check.memory_guard import memory_error_message
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.targets import outcome_schema as S
+from kvspec.harness.targets.base import Unsupported
 
 PROPAGATE: tuple[type[BaseException], ...] = (KeyboardInterrupt, Unsupported)
 

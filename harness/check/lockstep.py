@@ -24,28 +24,28 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, NoReturn, TypeVar
 
-from harness.check.finding import Finding, FindingError
-from harness.check.glimpsing import glimpses
-from harness.check.guard import Call, guarded_call, malformed
-from harness.check.memory_guard import MemoryGuard
-from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.check.unchanged import LastInputs
-from harness.check.witness import Step, outcome_blocks, state_finding
-from harness.core import ops as O
-from harness.core.equality import ObsDiff, get_relation, observation_differences, outcome_difference
-from harness.core.glimpse import full_check_every as get_full_check_every
-from harness.core.glimpse import glimpse_differences, glimpse_to_json, has_glimpse
-from harness.core.observation import Observation
-from harness.core.ops_json import op_to_json
-from harness.ledger.checker import LedgerChecker
-from harness.ledger.finding import LedgerFinding
-from harness.ledger.known_bugs import KnownBug, NamedViolation, match_known_bug, split_known
-from harness.targets import outcome_schema as S
-from harness.targets.base import Target, Unsupported, bind_release
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig
-from spec.invariants import StepContext, Violation, check_invariants, check_step
+from kvspec.harness.check.finding import Finding, FindingError
+from kvspec.harness.check.glimpsing import glimpses
+from kvspec.harness.check.guard import Call, guarded_call, malformed
+from kvspec.harness.check.memory_guard import MemoryGuard
+from kvspec.harness.check.obs_invariants import EventLedger, ObsContext, check_observation
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.check.unchanged import LastInputs
+from kvspec.harness.check.witness import Step, outcome_blocks, state_finding
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.equality import ObsDiff, get_relation, observation_differences, outcome_difference
+from kvspec.harness.core.glimpse import full_check_every as get_full_check_every
+from kvspec.harness.core.glimpse import glimpse_differences, glimpse_to_json, has_glimpse
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.ledger.checker import LedgerChecker
+from kvspec.harness.ledger.finding import LedgerFinding
+from kvspec.harness.ledger.known_bugs import KnownBug, NamedViolation, match_known_bug, split_known
+from kvspec.harness.targets import outcome_schema as S
+from kvspec.harness.targets.base import Target, Unsupported, bind_release
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.invariants import StepContext, Violation, check_invariants, check_step
 
 V = TypeVar("V", bound=NamedViolation)  # an invariant violation, of the spec's state or of an observation
 

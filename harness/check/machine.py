@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from harness.check.hypothesis_run import cap_shrinking, run_as_test
-from harness.check.lockstep import Finding, FindingError, Lockstep
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.targets.base import Target, Unsupported, bind_release
-from harness.world.families import configs, near_points, workload_features
-from harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
-from spec.config import KVCacheConfig
+from kvspec.harness.check.hypothesis_run import cap_shrinking, run_as_test
+from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.base import Target, Unsupported, bind_release
+from kvspec.harness.world.families import configs, near_points, workload_features
+from kvspec.harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
+from kvspec.spec.config import KVCacheConfig
 
 T = TypeVar("T")
 ACTION_BY_NAME = {a.name: a for a in ACTIONS}

@@ -15,14 +15,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from harness.core.observation import Observation
-from spec.block_pool import BlockPool
-from spec.config import KVCacheConfig
-from spec.hashing import get_published_hash
-from spec.invariants import check_invariants
-from spec.request import Request
-from spec.state import GroupState, KVCacheManagerState
-from spec.types import BlockHash, BlockId, BlockKey, RequestId, get_group_id
+from kvspec.harness.core.observation import Observation
+from kvspec.spec.block_pool import BlockPool
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.hashing import get_published_hash
+from kvspec.spec.invariants import check_invariants
+from kvspec.spec.request import Request
+from kvspec.spec.state import GroupState, KVCacheManagerState
+from kvspec.spec.types import BlockHash, BlockId, BlockKey, RequestId, get_group_id
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.check.finding import Finding, obs_to_json
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.core.ops_json import op_to_json
-from harness.ledger.finding import LedgerFinding
+from kvspec.harness.check.finding import Finding, obs_to_json
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.ledger.finding import LedgerFinding
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from harness.core import ops as O
-from spec.request import RequestStatus
+from kvspec.harness.core import ops as O
+from kvspec.spec.request import RequestStatus
 
 N = TypeVar("N")
 

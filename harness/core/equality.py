@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.observation import Observation
+from kvspec.harness.core.observation import Observation
 
 
 @dataclass(frozen=True)

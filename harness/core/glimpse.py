@@ -21,9 +21,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harness.core.equality import ObsDiff
-from spec.state import KVCacheManagerState
-from spec.types import BlockId, RequestId
+from kvspec.harness.core.equality import ObsDiff
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import BlockId, RequestId
 
 FREE_ENDS = 8  # blocks read at each end of the free queue
 ENV = "KVSPEC_FULL_CHECK_EVERY"

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 
 @dataclass(frozen=True, slots=True)

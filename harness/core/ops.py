@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from spec.request import RequestStatus
+from kvspec.spec.request import RequestStatus
 
 # --- request lifecycle (scheduler-side changes to the Request object) ------------------------
 

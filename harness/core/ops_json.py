@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from harness.core.ops import OP_TYPES, REQUEST_STATUSES, AddRequest, MMFeatureSpec, Op
-from harness.core.strict_json import (
+from kvspec.harness.core.ops import OP_TYPES, REQUEST_STATUSES, AddRequest, MMFeatureSpec, Op
+from kvspec.harness.core.strict_json import (
     MAX_EMBED_ROW_CHARS,
     MAX_MM_FEATURES,
     MAX_NAME_CHARS,

@@ -20,12 +20,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from harness.check.finding import Finding
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.traces.trace import Trace
+from kvspec.harness.check.finding import Finding
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.traces.trace import Trace
 
 if TYPE_CHECKING:
-    from harness.traces.replay import ReplayResult
+    from kvspec.harness.traces.replay import ReplayResult
 
 
 class Interrupted(KeyboardInterrupt):
@@ -183,7 +183,7 @@ def reduce_finding(
     ends it with the smallest trace so far); the trace unchanged when reduction is off or finds
     nothing smaller, or when it does not replay outside the run (a flaky target, a factory that
     raises, even ``SystemExit``)."""
-    from harness.traces.reduce import reduce_trace
+    from kvspec.harness.traces.reduce import reduce_trace
 
     if deadline is not None:
         seconds = min(seconds, deadline - time.monotonic())

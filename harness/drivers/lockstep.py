@@ -18,10 +18,19 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harness.check.machine import KVMachine, RunStats, ShrinkStalled, make_machine, run_machine
-from harness.drivers.base import DriveHooks, DriveSettings, Found, Interrupted, Plan, Tally, TurnOutcome, reduce_finding
-from harness.traces.replay import ReplayResult, replay
-from harness.traces.trace import Trace, trace_to_json
+from kvspec.harness.check.machine import KVMachine, RunStats, ShrinkStalled, make_machine, run_machine
+from kvspec.harness.drivers.base import (
+    DriveHooks,
+    DriveSettings,
+    Found,
+    Interrupted,
+    Plan,
+    Tally,
+    TurnOutcome,
+    reduce_finding,
+)
+from kvspec.harness.traces.replay import ReplayResult, replay
+from kvspec.harness.traces.trace import Trace, trace_to_json
 
 
 class LockstepDriver:

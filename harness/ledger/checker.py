@@ -23,17 +23,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.book import BookRequest
-from harness.core.observation import Observation
-from harness.ledger.finding import LedgerFinding, LedgerMismatch, group_sizes
-from harness.ledger.request import Alloc, ScheduledRequest
-from harness.ledger.schedule import KVSchedule, ModelRun, Publication
-from harness.ledger.world import WorldFacts
-from harness.targets.base import Target
-from spec.config import AttentionSpec, KVCacheConfig
-from spec.hashing import HashFeatures, MMFeature
-from spec.kv_ledger import (
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.ledger.finding import LedgerFinding, LedgerMismatch, group_sizes
+from kvspec.harness.ledger.request import Alloc, ScheduledRequest
+from kvspec.harness.ledger.schedule import KVSchedule, ModelRun, Publication
+from kvspec.harness.ledger.world import WorldFacts
+from kvspec.harness.targets.base import Target
+from kvspec.spec.config import AttentionSpec, KVCacheConfig
+from kvspec.spec.hashing import HashFeatures, MMFeature
+from kvspec.spec.kv_ledger import (
     AccessKind,
     IdentityTrie,
     KVIdentity,
@@ -50,7 +50,7 @@ from spec.kv_ledger import (
     get_written_blocks,
     write_slot,
 )
-from spec.types import BlockId
+from kvspec.spec.types import BlockId
 
 STEP_OPS = (O.SetNumComputedTokens, O.SetNumInFlightTokens)  # a step's model runs, in order
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spec.config import AttentionSpec
+from kvspec.spec.config import AttentionSpec
 
 VERBS = {"write": "writes", "read": "reads", "publish": "publishes"}
 DIFFERS = {  # spec.kv_ledger.identity.Difference, in words

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from harness.ledger.finding import match_vllm_033_candidate
-from spec.releases.line import RELEASES, version_key
+from kvspec.harness.ledger.finding import match_vllm_033_candidate
+from kvspec.spec.releases.line import RELEASES, version_key
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.core.book import BookRequest
+from kvspec.harness.core.book import BookRequest
 
 FILLER = -1  # token of padded draft slots the scheduler computes but never shows (pad_spec_decode)
 

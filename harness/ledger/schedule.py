@@ -30,11 +30,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from harness.core import ops as O
-from harness.core.book import BookRequest, RequestBook
-from harness.core.observation import Observation
-from harness.ledger.request import Alloc, ScheduledRequest
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest, RequestBook
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.ledger.request import Alloc, ScheduledRequest
+from kvspec.spec.config import KVCacheConfig
 
 R = TypeVar("R", bound=ScheduledRequest)
 FULL_REMOTE_LOAD = "full-remote-load"

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from spec.kv_ledger import KVLedger, clear_block
-from spec.types import BlockId
+from kvspec.spec.kv_ledger import KVLedger, clear_block
+from kvspec.spec.types import BlockId
 
 
 class WorldFacts:

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.core import ops as O
-from harness.targets.base import Unsupported
-from harness.targets.vllm import VllmTarget
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.targets.vllm import VllmTarget
+from kvspec.spec.config import KVCacheConfig
 
 FIXED = ("K1", "K3")
 

@@ -30,10 +30,10 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from harness.core.book import BookRequest
-from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name
-from harness.targets.impl import ImplTarget
-from impl import allocator as alloc
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.impl import allocator as alloc
 
 
 def _queue_referenced(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,7 +99,7 @@ MUTANTS: dict[str, Mutant] = by_name(
             "free_blocks queues a block another request still references",
             "full",
             "kv_read_written",
-            "impl.block_pool:BlockPool",
+            "kvspec.impl.block_pool:BlockPool",
             "free_blocks",
             _queue_referenced,
         ),
@@ -108,7 +108,7 @@ MUTANTS: dict[str, Mutant] = by_name(
             "allocate_slots publishes block hashes before the chunk (or load) writes their KV",
             "full",
             "kv_publish_written",
-            "impl.kv_cache_manager:KVCacheManager",
+            "kvspec.impl.kv_cache_manager:KVCacheManager",
             "allocate_slots",
             _hash_before_write,
         ),
@@ -117,7 +117,7 @@ MUTANTS: dict[str, Mutant] = by_name(
             "sliding window skips n - W + 2 tokens (one too many): a block dropped early",
             "sliding_window",
             "kv_read_in_real_block",
-            "impl.single_type_managers:SlidingWindowManager",
+            "kvspec.impl.single_type_managers:SlidingWindowManager",
             "skipped_tokens",
             _window_off_by_one,
         ),
@@ -126,7 +126,7 @@ MUTANTS: dict[str, Mutant] = by_name(
             "block hashes omit the LoRA key: hits on another adapter's KV",
             "full",
             "kv_read_own_kv",
-            "harness.targets.impl:ImplTarget",
+            "kvspec.harness.targets.impl:ImplTarget",
             "_rehash",
             _hash_ignores_lora,
         ),

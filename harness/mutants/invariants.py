@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from harness.mutants.record import Mode, Mutant, Patch, Wrap, by_name, doc_of
-from spec import block_pool, managers
-from spec.types import NULL_BLOCK_ID, BlockId, GroupId
+from kvspec.harness.mutants.record import Mode, Mutant, Patch, Wrap, by_name, doc_of
+from kvspec.spec import block_pool, managers
+from kvspec.spec.types import NULL_BLOCK_ID, BlockId, GroupId
 
 
 def _pool_with(result: Any, **changes: Any) -> Any:
@@ -301,16 +301,24 @@ def _aimed(
 # actually fired).
 MUTANTS: dict[str, Mutant] = by_name(
     (
-        _aimed("null_block_queued", "spec.block_pool", "init_block_pool", _null_block_queued, "null_block_is_inert"),
-        _aimed("free_queues_twice", "spec.block_pool", "free_blocks", _free_queues_twice, "free_queue_well_formed"),
-        _aimed("touch_keeps_queued", "spec.block_pool", "touch", _touch_keeps_queued, "free_iff_unreferenced"),
-        _aimed("free_leaks_block", "spec.block_pool", "free_blocks", _free_leaks_block, "conservation"),
         _aimed(
-            "map_entry_dropped", "spec.block_pool", "cache_full_blocks", _map_entry_dropped, "hash_map_matches_blocks"
+            "null_block_queued", "kvspec.spec.block_pool", "init_block_pool", _null_block_queued, "null_block_is_inert"
+        ),
+        _aimed(
+            "free_queues_twice", "kvspec.spec.block_pool", "free_blocks", _free_queues_twice, "free_queue_well_formed"
+        ),
+        _aimed("touch_keeps_queued", "kvspec.spec.block_pool", "touch", _touch_keeps_queued, "free_iff_unreferenced"),
+        _aimed("free_leaks_block", "kvspec.spec.block_pool", "free_blocks", _free_leaks_block, "conservation"),
+        _aimed(
+            "map_entry_dropped",
+            "kvspec.spec.block_pool",
+            "cache_full_blocks",
+            _map_entry_dropped,
+            "hash_map_matches_blocks",
         ),
         _aimed(
             "hash_ignores_parent",
-            "spec.hashing",
+            "kvspec.spec.hashing",
             "hash_block_tokens",
             _hash_ignores_parent,
             "hash_chain",
@@ -318,39 +326,45 @@ MUTANTS: dict[str, Mutant] = by_name(
         ),
         _aimed(
             "lookahead_past_max_len",
-            "spec.coordinator",
+            "kvspec.spec.coordinator",
             "allocate_new_blocks",
             _lookahead_past_max_len,
             "table_length_bounded",
         ),
         _aimed(
-            "full_attention_skips", "spec.managers", "get_num_skipped_tokens", _full_attention_skips, "null_pattern"
+            "full_attention_skips",
+            "kvspec.spec.managers",
+            "get_num_skipped_tokens",
+            _full_attention_skips,
+            "null_pattern",
         ),
-        _aimed("cached_count_kept_on_free", "spec.managers", "free", _cached_count_kept_on_free, "dict_membership"),
+        _aimed(
+            "cached_count_kept_on_free", "kvspec.spec.managers", "free", _cached_count_kept_on_free, "dict_membership"
+        ),
         _aimed(
             "hit_stops_one_early",
-            "spec.managers",
+            "kvspec.spec.managers",
             "find_longest_cache_hit_full",
             _hit_stops_one_early,
             "full_attention_hit_is_maximal",
         ),
         _aimed(
             "over_allocates",
-            "spec.arith",
+            "kvspec.spec.arith",
             "get_num_new_blocks_to_allocate",
             _over_allocates,
             "successful_allocation_is_exact",
         ),
         _aimed(
             "reset_counts_null_block",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "reset_prefix_cache",
             _reset_counts_null_block,
             "reset_only_when_all_free",
         ),
         _aimed(
             "evict_skips_referenced",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "evict_blocks",
             _evict_skips_referenced,
             "evict_only_touches_hashes",
@@ -358,7 +372,7 @@ MUTANTS: dict[str, Mutant] = by_name(
         ),
         _aimed(
             "removed_events_lost",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "take_events",
             _removed_events_lost,
             "events_rebuild_hash_map (self), events_replay (invariants)",
@@ -367,18 +381,28 @@ MUTANTS: dict[str, Mutant] = by_name(
         ),
         _aimed(
             "failed_allocation_keeps_blocks",
-            "spec.kv_cache_manager",
+            "kvspec.spec.kv_cache_manager",
             "allocate_slots",
             _failed_allocation_keeps_blocks,
             "failed_allocation_changes_nothing",
         ),
-        _aimed("free_hashed_to_front", "spec.block_pool", "free_blocks", _free_hashed_to_front, "free_queue_partition"),
         _aimed(
-            "free_evicts_eagerly", "spec.block_pool", "free_blocks", _free_evicts_eagerly, "free_releases_everything"
+            "free_hashed_to_front",
+            "kvspec.spec.block_pool",
+            "free_blocks",
+            _free_hashed_to_front,
+            "free_queue_partition",
+        ),
+        _aimed(
+            "free_evicts_eagerly",
+            "kvspec.spec.block_pool",
+            "free_blocks",
+            _free_evicts_eagerly,
+            "free_releases_everything",
         ),
         _aimed(
             "key_without_group",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "cache_full_blocks",
             _key_without_group,
             "one_group_per_block",
@@ -386,15 +410,17 @@ MUTANTS: dict[str, Mutant] = by_name(
         ),
         _aimed(
             "adopt_reversed",
-            "spec.managers",
+            "kvspec.spec.managers",
             "add_local_computed_blocks",
             _adopt_reversed,
             "sharing_only_through_prefix",
         ),
-        _aimed("cached_count_past_table", "spec.managers", "cache_blocks", _cached_count_past_table, "cache_bounds"),
+        _aimed(
+            "cached_count_past_table", "kvspec.spec.managers", "cache_blocks", _cached_count_past_table, "cache_bounds"
+        ),
         _aimed(
             "store_recycles_duplicate",
-            "spec.managers",
+            "kvspec.spec.managers",
             "cache_blocks",
             _store_recycles_duplicate,
             "cache_blocks_publishes_full_blocks",

@@ -15,9 +15,9 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
-from harness.core.ops import Op
-from harness.targets.adapter import ManagerAdapter
-from spec.config import KVCacheConfig
+from kvspec.harness.core.ops import Op
+from kvspec.harness.targets.adapter import ManagerAdapter
+from kvspec.spec.config import KVCacheConfig
 
 TargetKind = Literal["spec", "impl", "vllm", "vllm-scheduler"]
 TARGET_KINDS: tuple[TargetKind, ...] = get_args(TargetKind)

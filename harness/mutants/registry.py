@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.mutants.record import Mutant
+from kvspec.harness.mutants.record import Mutant
 
 
 def all_mutants() -> tuple[Mutant, ...]:
     """Every built-in mutant, catalogue by catalogue (the campaign's row order).  Importing the vLLM
     catalogues is free: vLLM itself is imported only when a mutant is applied."""
-    from harness.mutants import impl, spec, vllm, vllm_scheduler
+    from kvspec.harness.mutants import impl, spec, vllm, vllm_scheduler
 
     return (
         *spec.SPEC_MUTANTS.values(),
@@ -35,7 +35,7 @@ def find_mutant(name: str) -> Mutant | None:
 def mutant_factory(mutant: Mutant) -> Callable[[], Any]:
     """A zero-argument factory of fresh targets carrying ``mutant`` (not a scheduler mutant: those
     mutate the scheduler ``harness.vllm_sched`` drives, not a target)."""
-    from harness.mutants import impl, spec, vllm
+    from kvspec.harness.mutants import impl, spec, vllm
 
     make: dict[str, Callable[[str], Any]] = {
         "spec": spec.make_mutant,

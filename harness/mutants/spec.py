@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from harness.mutants.invariants import MUTANTS as INVARIANT_MUTANTS
-from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, doc_of
-from harness.targets.spec import SpecTarget
-from spec import request as rq
-from spec.releases.line import FREE_ORDER_0_20
+from kvspec.harness.mutants.invariants import MUTANTS as INVARIANT_MUTANTS
+from kvspec.harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, doc_of
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec import request as rq
+from kvspec.spec.releases.line import FREE_ORDER_0_20
 
 
 def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,35 +92,35 @@ MUTANTS: dict[str, Mutant] = by_name(
         _spec_mutant(
             "free_order_appended",
             "full",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "free_blocks",
             _free_order_appended,
         ),
         _spec_mutant(
             "hit_cap_num_tokens",
             "full",
-            "spec.kv_cache_manager",
+            "kvspec.spec.kv_cache_manager",
             "get_computed_blocks",
             _hit_cap_num_tokens,
         ),
         _spec_mutant(
             "swa_skip_n_minus_w",
             "sliding_window",
-            "spec.managers",
+            "kvspec.spec.managers",
             "get_num_skipped_tokens",
             _swa_skip_n_minus_w,
         ),
         _spec_mutant(
             "hits_not_touched",
             "full",
-            "spec.block_pool",
+            "kvspec.spec.block_pool",
             "touch",
             _hits_not_touched,
         ),
         _spec_mutant(
             "cache_drafts",
             "full",
-            "spec.kv_cache_manager",
+            "kvspec.spec.kv_cache_manager",
             "allocate_slots",
             _cache_drafts,
         ),
@@ -131,17 +131,20 @@ SPEC_MUTANTS: dict[str, Mutant] = MUTANTS | INVARIANT_MUTANTS
 """Every mutant of the spec: these and ``harness.mutants.invariants``'."""
 
 
+SPEC = "kvspec.spec"  # the package whose modules a spec mutant patches
+
+
 @contextmanager
 def patched_modules(patch: Patch, keep: tuple[str, ...] = ()) -> Iterator[None]:
-    """``patch`` applied in every ``spec.*`` module holding the original (``from m import f`` copies
-    it), except the modules under the prefixes ``keep``."""
+    """``patch`` applied in every ``kvspec.spec.*`` module holding the original (``from m import f``
+    copies it), except the modules under the prefixes ``keep``."""
     attr = patch.attr
     original = getattr(patch.resolve(), attr)
     replacement = patch.wrap(original)
     holders = [
         m
         for n, m in list(sys.modules.items())
-        if (n == "spec" or n.startswith("spec.")) and not n.startswith(keep) and getattr(m, attr, None) is original
+        if (n == SPEC or n.startswith(SPEC + ".")) and not n.startswith(keep) and getattr(m, attr, None) is original
     ]
     for m in holders:
         setattr(m, attr, replacement)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, patched_class
-from harness.targets.vllm import VllmTarget
+from kvspec.harness.mutants.record import Mutant, MutatedTarget, Patch, Wrap, by_name, patched_class
+from kvspec.harness.targets.vllm import VllmTarget
 
 
 def _free_order_appended(orig: Callable[..., Any]) -> Callable[..., Any]:

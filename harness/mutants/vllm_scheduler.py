@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harness.mutants.record import Mutant, Patch, Wrap, by_name, patched_class
+from kvspec.harness.mutants.record import Mutant, Patch, Wrap, by_name, patched_class
 
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from impl.attention import dense_attention
-from impl.model import TinyTransformer
+from kvspec.impl.attention import dense_attention
+from kvspec.impl.model import TinyTransformer
 
 
 @dataclass

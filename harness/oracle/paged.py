@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from harness.core.observation import Observation
-from harness.oracle.dense import DenseRun, row_errors
-from harness.oracle.finding import BadKV
-from harness.targets.base import Unsupported
-from impl.kv_cache import slot_mapping
-from impl.model import LayerSpec, ModelConfig, TinyTransformer
-from spec.config import KVCacheConfig
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.oracle.dense import DenseRun, row_errors
+from kvspec.harness.oracle.finding import BadKV
+from kvspec.harness.targets.base import Unsupported
+from kvspec.impl.kv_cache import slot_mapping
+from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer
+from kvspec.spec.config import KVCacheConfig
 
 # Positions of one layer to compare: (layer spec, the request's table in its group, block size).
 PositionsOf = Callable[[LayerSpec, Sequence[int], int], list[int]]

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.ledger.request import ScheduledRequest
+from kvspec.harness.ledger.request import ScheduledRequest
 
 if TYPE_CHECKING:  # torch only where the oracle runs
-    from harness.oracle.dense import DenseRun
+    from kvspec.harness.oracle.dense import DenseRun
 
 BASE_VOCAB = 64  # token ids are taken modulo this
 LORA_SLOTS = 4  # distinct LoRA adapters that get distinct embeddings (more wrap around)

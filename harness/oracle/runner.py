@@ -16,17 +16,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from harness.core import ops as O
-from harness.core.book import BookRequest
-from harness.core.observation import Observation
-from harness.core.ops_json import op_to_json
-from harness.ledger.schedule import ModelRun, Publication
-from harness.oracle.dense import DenseRun, dense_reference, row_errors
-from harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
-from harness.oracle.paged import PagedKV
-from harness.oracle.request import LORA_SLOTS, OracleRequest
-from impl.attention import first_visible_position
-from impl.model import LayerSpec
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.ledger.schedule import ModelRun, Publication
+from kvspec.harness.oracle.dense import DenseRun, dense_reference, row_errors
+from kvspec.harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
+from kvspec.harness.oracle.paged import PagedKV
+from kvspec.harness.oracle.request import LORA_SLOTS, OracleRequest
+from kvspec.impl.attention import first_visible_position
+from kvspec.impl.model import LayerSpec
 
 
 @dataclass

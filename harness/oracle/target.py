@@ -53,22 +53,22 @@ from typing import Any
 
 import torch
 
-from harness.core import ops as O
-from harness.core.book import RequestBook
-from harness.core.observation import Observation
-from harness.ledger.checker import LedgerChecker
-from harness.ledger.known_bugs import match_known_bug
-from harness.ledger.request import FILLER, Alloc
-from harness.ledger.schedule import KVSchedule
-from harness.oracle.dense import DenseRun, dense_reference, row_errors
-from harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
-from harness.oracle.paged import PagedKV
-from harness.oracle.request import BASE_VOCAB, LORA_SLOTS, MM_BASE, VOCAB, OracleRequest
-from harness.oracle.runner import ModelRunner, OracleStats
-from harness.targets.base import Target
-from impl.kv_cache import default_device
-from impl.model import TinyTransformer, tolerance
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import RequestBook
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.ledger.checker import LedgerChecker
+from kvspec.harness.ledger.known_bugs import match_known_bug
+from kvspec.harness.ledger.request import FILLER, Alloc
+from kvspec.harness.ledger.schedule import KVSchedule
+from kvspec.harness.oracle.dense import DenseRun, dense_reference, row_errors
+from kvspec.harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
+from kvspec.harness.oracle.paged import PagedKV
+from kvspec.harness.oracle.request import BASE_VOCAB, LORA_SLOTS, MM_BASE, VOCAB, OracleRequest
+from kvspec.harness.oracle.runner import ModelRunner, OracleStats
+from kvspec.harness.targets.base import Target
+from kvspec.impl.kv_cache import default_device
+from kvspec.impl.model import TinyTransformer, tolerance
+from kvspec.spec.config import KVCacheConfig
 
 __all__ = [
     "BASE_VOCAB",

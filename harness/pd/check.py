@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.pd.designs import resolve_design
-from harness.pd.invariants import PD_INVARIANTS
-from harness.pd.machine import PDFinding, make_pd_machine, run_pd_machine
-from harness.pd.scenarios import SCENARIOS, describe, play
-from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
+from kvspec.harness.pd.designs import resolve_design
+from kvspec.harness.pd.invariants import PD_INVARIANTS
+from kvspec.harness.pd.machine import PDFinding, make_pd_machine, run_pd_machine
+from kvspec.harness.pd.scenarios import SCENARIOS, describe, play
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,18 +69,18 @@ def _mirror_factory(target: str) -> Any:
     if target == "spec":
         return None
     try:
-        from harness.targets.vllm import VllmTarget
+        from kvspec.harness.targets.vllm import VllmTarget
 
         VllmTarget()
     except Exception as e:  # ImportError, or a vLLM that is not 0.33.0
         raise ValueError(f"target 'vllm' cannot be loaded: {type(e).__name__}: {e}") from None
-    from harness.pd.mirror import Mirror
+    from kvspec.harness.pd.mirror import Mirror
 
     return Mirror
 
 
 def fuzz_design(design: Any, names: Any, make_mirror: Any, seconds: float, seed: int, args: argparse.Namespace) -> int:
-    from harness.run.profiles import profile_settings
+    from kvspec.harness.run.profiles import profile_settings
 
     cls = make_pd_machine(design, names, make_mirror)
     start = time.monotonic()

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.pd.check import add_check_arguments, check_main
-from harness.pd.mc.cli import add_verify_arguments, verify_main
-from harness.run.exits import EXIT_OK, EXIT_USAGE
+from kvspec.harness.pd.check import add_check_arguments, check_main
+from kvspec.harness.pd.mc.cli import add_verify_arguments, verify_main
+from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE
 
 COSTS_FILE = "pd-manager-costs.json"
 RESULTS_FILE = "pd-sim-results.json"
@@ -73,8 +73,8 @@ def _say(msg: str) -> None:
 
 def simulate_main(args: argparse.Namespace) -> int:
     """``kvspec pd simulate``: the sweep over workloads, loads and seeds; its JSON, table and figures."""
-    from harness.pd.sim.experiment import sweep
-    from harness.pd.sim.stats import aggregate
+    from kvspec.harness.pd.sim.experiment import sweep
+    from kvspec.harness.pd.sim.stats import aggregate
 
     chosen = _simulate_choices(args)
     if chosen is None:
@@ -92,7 +92,7 @@ def simulate_main(args: argparse.Namespace) -> int:
 
 def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float, ...]] | None:
     """The workloads and loads to simulate (``--quick``: a small sweep), checked; None (said) on bad usage."""
-    from harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS
+    from kvspec.harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS
 
     if args.quick:
         args.seeds, args.requests = 2, 300
@@ -119,8 +119,8 @@ def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float,
 def _manager_costs(measure: bool | None, costs_path: Path) -> Any:
     """vLLM's manager call costs: measured now (``--measure``; by default when vLLM is installed) and
     stored, else the stored ones, else none (they count as 0)."""
-    from harness.pd.sim import inputs as X
-    from harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
+    from kvspec.harness.pd.sim import inputs as X
+    from kvspec.harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
 
     if measure is None:
         try:
@@ -142,8 +142,8 @@ def _write_results(
     args: argparse.Namespace, out: Path, loads: tuple[float, ...], points: Any, summaries: Any
 ) -> list[Path]:
     """The results JSON (atomically), the table and, unless ``--no-figures``, the figures; their paths."""
-    from harness.pd.sim.experiment import to_json
-    from harness.pd.sim.stats import render_table
+    from kvspec.harness.pd.sim.experiment import to_json
+    from kvspec.harness.pd.sim.stats import render_table
 
     results = {
         "requests": args.requests,
@@ -158,7 +158,7 @@ def _write_results(
     (out / "pd-sim-table.md").write_text(render_table(summaries), encoding="utf-8")
     written = [out / RESULTS_FILE, out / "pd-sim-table.md"]
     if not args.no_figures:
-        from harness.pd.sim.figures import draw_all
+        from kvspec.harness.pd.sim.figures import draw_all
 
         written += draw_all(points, out)
     return written

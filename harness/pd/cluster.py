@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from harness.pd import decode, dsched, prefill, router
-from harness.pd import instance as I
-from harness.pd import messages as M
-from harness.pd.state import ClusterState, DState, PState, RouterState, get_d_index, send
-from harness.pd.types import PREFILL, Design, Epoch, InstanceId, Options, Tick
-from spec.config import KVCacheConfig
+from kvspec.harness.pd import decode, dsched, prefill, router
+from kvspec.harness.pd import instance as I
+from kvspec.harness.pd import messages as M
+from kvspec.harness.pd.state import ClusterState, DState, PState, RouterState, get_d_index, send
+from kvspec.harness.pd.types import PREFILL, Design, Epoch, InstanceId, Options, Tick
+from kvspec.spec.config import KVCacheConfig
 
 FAILURE_DETECTOR = "detector"
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.pd import instance as I
-from harness.pd import messages as M
-from harness.pd.state import (
+from kvspec.harness.pd import instance as I
+from kvspec.harness.pd import messages as M
+from kvspec.harness.pd.state import (
     ClusterState,
     Computed,
     DJob,
@@ -33,9 +33,9 @@ from harness.pd.state import (
     with_d,
     with_d_job,
 )
-from harness.pd.types import InstanceId, Tick
-from spec.request import RequestStatus
-from spec.types import RequestId
+from kvspec.harness.pd.types import InstanceId, Tick
+from kvspec.spec.request import RequestStatus
+from kvspec.spec.types import RequestId
 
 ROUTER = "router"
 

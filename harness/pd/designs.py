@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.pd.types import Design
+from kvspec.harness.pd.types import Design
 
 BASELINE = Design("baseline", "pull")
 AS_WRITTEN = Design("as-written", "push", release="immediate", fence_on_peer_failure=False)

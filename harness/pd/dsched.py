@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.pd import instance as I
-from harness.pd import messages as M
-from harness.pd.decode import release, try_load, try_reserve
-from harness.pd.state import ClusterState, Computed, DJob, DMode, InstanceState, emit, send, with_d, with_d_job
-from harness.pd.types import InstanceId
-from spec.request import RequestStatus
-from spec.types import RequestId
+from kvspec.harness.pd import instance as I
+from kvspec.harness.pd import messages as M
+from kvspec.harness.pd.decode import release, try_load, try_reserve
+from kvspec.harness.pd.state import ClusterState, Computed, DJob, DMode, InstanceState, emit, send, with_d, with_d_job
+from kvspec.harness.pd.types import InstanceId
+from kvspec.spec.request import RequestStatus
+from kvspec.spec.types import RequestId
 
 ROUTER = "router"
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from harness.core import ops as O
-from harness.pd.messages import Content
-from harness.pd.state import InstanceState
-from harness.pd.types import InstanceId
-from spec import kv_cache_manager as kvm
-from spec import request as rq
-from spec.config import KVCacheConfig
-from spec.kv_cache_manager import ComputedBlocks
-from spec.request import RequestStatus
-from spec.types import BlockId, GroupId, RequestId
+from kvspec.harness.core import ops as O
+from kvspec.harness.pd.messages import Content
+from kvspec.harness.pd.state import InstanceState
+from kvspec.harness.pd.types import InstanceId
+from kvspec.spec import kv_cache_manager as kvm
+from kvspec.spec import request as rq
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.kv_cache_manager import ComputedBlocks
+from kvspec.spec.request import RequestStatus
+from kvspec.spec.types import BlockId, GroupId, RequestId
 
 RESET = "reset"
 """A log entry (not a manager call): the instance restarted with a fresh manager."""
@@ -213,7 +213,7 @@ def get_published_prefixes(inst: InstanceState) -> dict[bytes, tuple[int, ...]]:
 
 def make_config(num_blocks: int, block_size: int, max_model_len: int) -> KVCacheConfig:
     """One full-attention group, prefix caching on: the P/D instances' manager."""
-    from spec.config import KVCacheConfig, full_attention
-    from spec.types import BlockCount, TokenCount
+    from kvspec.spec.config import KVCacheConfig, full_attention
+    from kvspec.spec.types import BlockCount, TokenCount
 
     return KVCacheConfig(BlockCount(num_blocks), (full_attention(block_size),), TokenCount(max_model_len))

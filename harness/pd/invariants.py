@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from harness.pd import instance as I
-from harness.pd.cluster import is_idle
-from harness.pd.state import ClusterState, Computed, InstanceState, Landed, SourceRead
-from spec import block_pool
-from spec.invariants import check_invariants
-from spec.registry import Registry
-from spec.types import BlockId
+from kvspec.harness.pd import instance as I
+from kvspec.harness.pd.cluster import is_idle
+from kvspec.harness.pd.state import ClusterState, Computed, InstanceState, Landed, SourceRead
+from kvspec.spec import block_pool
+from kvspec.spec.invariants import check_invariants
+from kvspec.spec.registry import Registry
+from kvspec.spec.types import BlockId
 
 Kind = Literal["event", "state", "idle"]
 

@@ -19,13 +19,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from harness.check.hypothesis_run import run_as_test
-from harness.pd import cluster, prefill, router
-from harness.pd.instance import make_config
-from harness.pd.invariants import PDViolation, check_pd_invariants
-from harness.pd.state import ClusterState
-from harness.pd.types import Design, Options, Timing
-from spec.types import RequestId
+from kvspec.harness.check.hypothesis_run import run_as_test
+from kvspec.harness.pd import cluster, prefill, router
+from kvspec.harness.pd.instance import make_config
+from kvspec.harness.pd.invariants import PDViolation, check_pd_invariants
+from kvspec.harness.pd.state import ClusterState
+from kvspec.harness.pd.types import Design, Options, Timing
+from kvspec.spec.types import RequestId
 
 BLOCK_SIZE = 4
 MAX_REQUESTS = 4

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.pd.types import Epoch, InstanceId, LeaseId, Tick
-from spec.types import BlockId, RequestId
+from kvspec.harness.pd.types import Epoch, InstanceId, LeaseId, Tick
+from kvspec.spec.types import BlockId, RequestId
 
 Content = tuple[tuple[int, ...], frozenset[int]]
 """What a block of KV memory holds: the token prefix its KV was computed for (up to the block's

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.check.lockstep import FindingError, Lockstep
-from harness.check.settings import CheckSettings
-from harness.pd.instance import RESET
-from harness.pd.state import ClusterState, get_instances
+from kvspec.harness.check.lockstep import FindingError, Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.pd.instance import RESET
+from kvspec.harness.pd.state import ClusterState, get_instances
 
 
 def vllm_factory() -> Any:
-    from harness.targets.vllm import VllmTarget
+    from kvspec.harness.targets.vllm import VllmTarget
 
     return VllmTarget()
 

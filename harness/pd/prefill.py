@@ -13,12 +13,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.pd import instance as I
-from harness.pd import messages as M
-from harness.pd.state import ClusterState, Computed, InstanceState, PJob, PushTarget, SourceRead, emit, send, with_p_job
-from harness.pd.types import PREFILL, Epoch, InstanceId, Tick
-from spec.request import RequestStatus
-from spec.types import RequestId
+from kvspec.harness.pd import instance as I
+from kvspec.harness.pd import messages as M
+from kvspec.harness.pd.state import (
+    ClusterState,
+    Computed,
+    InstanceState,
+    PJob,
+    PushTarget,
+    SourceRead,
+    emit,
+    send,
+    with_p_job,
+)
+from kvspec.harness.pd.types import PREFILL, Epoch, InstanceId, Tick
+from kvspec.spec.request import RequestStatus
+from kvspec.spec.types import RequestId
 
 ROUTER = "router"
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.pd import messages as M
-from harness.pd.state import ClusterState, RouterRecord, Trigger, add_trigger, send, send_to_p, with_record
-from harness.pd.types import InstanceId, LeaseId
-from spec.types import RequestId
+from kvspec.harness.pd import messages as M
+from kvspec.harness.pd.state import ClusterState, RouterRecord, Trigger, add_trigger, send, send_to_p, with_record
+from kvspec.harness.pd.types import InstanceId, LeaseId
+from kvspec.spec.types import RequestId
 
 ROUTER = "router"
 

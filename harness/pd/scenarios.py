@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.pd import cluster, prefill, router
-from harness.pd.designs import AS_WRITTEN, BUGS, PROPOSAL
-from harness.pd.instance import make_config
-from harness.pd.invariants import PDViolation, check_pd_invariants
-from harness.pd.machine import clear_logs
-from harness.pd.state import ClusterState
-from harness.pd.types import Design, Options, Timing
-from spec.types import RequestId
+from kvspec.harness.pd import cluster, prefill, router
+from kvspec.harness.pd.designs import AS_WRITTEN, BUGS, PROPOSAL
+from kvspec.harness.pd.instance import make_config
+from kvspec.harness.pd.invariants import PDViolation, check_pd_invariants
+from kvspec.harness.pd.machine import clear_logs
+from kvspec.harness.pd.state import ClusterState
+from kvspec.harness.pd.types import Design, Options, Timing
+from kvspec.spec.types import RequestId
 
 Action = tuple[Any, ...]
 R0 = (1, 2, 3, 1, 2, 3, 1, 2)  # two blocks of 4

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from harness.pd.messages import Content, Envelope, Message
-from harness.pd.types import PREFILL, Design, Epoch, InstanceId, LeaseId, Options, Tick
-from spec.config import KVCacheConfig
-from spec.request import Request
-from spec.state import KVCacheManagerState
-from spec.types import BlockId, RequestId
+from kvspec.harness.pd.messages import Content, Envelope, Message
+from kvspec.harness.pd.types import PREFILL, Design, Epoch, InstanceId, LeaseId, Options, Tick
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.request import Request
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import BlockId, RequestId
 
 
 @dataclass(frozen=True, slots=True)

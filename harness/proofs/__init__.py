@@ -9,12 +9,12 @@ Imports: harness.core, harness.targets, harness.traces, spec.
 
 from __future__ import annotations
 
-from harness.proofs.claims import all_claims
-from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, UNKNOWN, Claim, Outcome, Result, run_claim
+from kvspec.harness.proofs.claims import all_claims
+from kvspec.harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, UNKNOWN, Claim, Outcome, Result, run_claim
 
 
 def prove_main(argv: list[str]) -> int:
-    from harness.proofs.cli import prove_main as main
+    from kvspec.harness.proofs.cli import prove_main as main
 
     return main(argv)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import z3
 
-from harness.proofs.core import Claim, Outcome, prove_goals
-from harness.proofs.report import allocation_trace, hit_cap_trace, slot_targets_trace
-from spec import arith
+from kvspec.harness.proofs.core import Claim, Outcome, prove_goals
+from kvspec.harness.proofs.report import allocation_trace, hit_cap_trace, slot_targets_trace
+from kvspec.spec import arith
 
 KINDS = ("full", "sliding_window", "chunked_local")
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from harness.proofs.core import Claim
+from kvspec.harness.proofs.core import Claim
 
 
 def all_claims() -> list[Claim]:
-    import harness.proofs.allocation as allocation
-    import harness.proofs.coverage as coverage
-    import harness.proofs.coverage_failures as coverage_failures
-    import harness.proofs.hybrid as hybrid
-    import harness.proofs.keys as keys
-    import harness.proofs.pool as pool
-    import harness.proofs.windows as windows
+    import kvspec.harness.proofs.allocation as allocation
+    import kvspec.harness.proofs.coverage as coverage
+    import kvspec.harness.proofs.coverage_failures as coverage_failures
+    import kvspec.harness.proofs.hybrid as hybrid
+    import kvspec.harness.proofs.keys as keys
+    import kvspec.harness.proofs.pool as pool
+    import kvspec.harness.proofs.windows as windows
 
     return [
         *allocation.CLAIMS,

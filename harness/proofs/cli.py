@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness.proofs.claims import all_claims
-from harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, Claim, Result, run_claim
-from harness.proofs.report import write_report
+from kvspec.harness.proofs.claims import all_claims
+from kvspec.harness.proofs.core import COUNTEREXAMPLE, PROVEN, REFUTED, Claim, Result, run_claim
+from kvspec.harness.proofs.report import write_report
 
 
 def _parser() -> argparse.ArgumentParser:

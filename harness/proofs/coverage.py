@@ -30,9 +30,9 @@ from typing import Any
 
 import z3
 
-from harness.proofs.core import Claim, Outcome, prove_goals
-from spec import arith, managers
-from spec.config import AttentionSpec
+from kvspec.harness.proofs.core import Claim, Outcome, prove_goals
+from kvspec.spec import arith, managers
+from kvspec.spec.config import AttentionSpec
 
 Num = Any
 """A Python int or a Z3 integer term (the spec's arithmetic runs on both)."""

@@ -26,8 +26,8 @@ from typing import Any
 
 import z3
 
-from harness.proofs.core import PROVEN, Claim, Outcome, prove_goals
-from harness.proofs.coverage import (
+from kvspec.harness.proofs.core import PROVEN, Claim, Outcome, prove_goals
+from kvspec.harness.proofs.coverage import (
     Goals,
     Group,
     Num,
@@ -37,7 +37,7 @@ from harness.proofs.coverage import (
     removed_blocks,
     skipped_blocks,
 )
-from spec import arith
+from kvspec.spec import arith
 
 SW, CL, FULL = "sliding_window", "chunked_local", "full"
 CONTEXT = 131072

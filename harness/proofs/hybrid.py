@@ -39,10 +39,10 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.proofs.core import COUNTEREXAMPLE, PROVEN, Claim, Outcome
-from spec import coordinator, managers
-from spec.config import AttentionSpec, chunked_local, full_attention, sliding_window
-from spec.types import NULL_BLOCK_ID, BlockId, GroupId
+from kvspec.harness.proofs.core import COUNTEREXAMPLE, PROVEN, Claim, Outcome
+from kvspec.spec import coordinator, managers
+from kvspec.spec.config import AttentionSpec, chunked_local, full_attention, sliding_window
+from kvspec.spec.types import NULL_BLOCK_ID, BlockId, GroupId
 
 MAX_BLOCKS = 12
 

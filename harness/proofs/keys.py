@@ -31,8 +31,8 @@ from typing import Any
 
 import z3
 
-from harness.proofs.core import COUNTEREXAMPLE, PROVEN, UNKNOWN, Claim, Outcome, find_witness
-from spec import hashing, types
+from kvspec.harness.proofs.core import COUNTEREXAMPLE, PROVEN, UNKNOWN, Claim, Outcome, find_witness
+from kvspec.spec import hashing, types
 
 BLOCK = 4  # tokens per block in the injectivity claim
 

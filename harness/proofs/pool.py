@@ -37,11 +37,11 @@ from typing import Any
 
 import z3
 
-from harness.proofs.core import COUNTEREXAMPLE, PROVEN, UNKNOWN, Claim, Outcome
-from spec import block_pool as bp
-from spec.releases.line import FREE_ORDER_0_20
-from spec.releases.profile import BASE
-from spec.types import BlockHash, BlockId, GroupId, make_block_key
+from kvspec.harness.proofs.core import COUNTEREXAMPLE, PROVEN, UNKNOWN, Claim, Outcome
+from kvspec.spec import block_pool as bp
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.releases.profile import BASE
+from kvspec.spec.types import BlockHash, BlockId, GroupId, make_block_key
 
 # --- abstract encoding ---------------------------------------------------------------------------
 

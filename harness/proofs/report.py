@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.core.ops import (
+from kvspec.harness.core.ops import (
     AddRequest,
     AllocateSlots,
     Free,
@@ -23,9 +23,9 @@ from harness.core.ops import (
     SetNumComputedTokens,
     SetSpecTokens,
 )
-from harness.traces.trace import Trace, dumps_trace
-from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.traces.trace import Trace, dumps_trace
+from kvspec.spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.types import BlockCount, TokenCount
 
 REPORT_VERSION = 1
 
@@ -118,7 +118,7 @@ def hit_cap_trace(model: Mapping[str, Any]) -> dict[str, Any] | None:
 def _expected_outcomes(config: KVCacheConfig, ops: list[Op]) -> list[Any]:
     """The spec's outcome per step when a spec target exists; nulls otherwise (or if it fails)."""
     try:
-        from harness.targets import spec as spec_target
+        from kvspec.harness.targets import spec as spec_target
 
         target = spec_target.SpecTarget()
         target.reset(config)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import z3
 
-from harness.proofs.core import Claim, Outcome, prove_goals
-from spec import arith
+from kvspec.harness.proofs.core import Claim, Outcome, prove_goals
+from kvspec.spec import arith
 
 
 def check_sliding_window_remove(timeout_s: float) -> Outcome:

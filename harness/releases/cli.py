@@ -20,10 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.releases.diff import DiffResult, Met, diff_releases
-from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
-from harness.run.options import FuzzOptions, UsageError, check_choices
-from spec.releases.line import RELEASES, UnknownRelease, changes_between, require_known
+from kvspec.harness.releases.diff import DiffResult, Met, diff_releases
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import FuzzOptions, UsageError, check_choices
+from kvspec.spec.releases.line import RELEASES, UnknownRelease, changes_between, require_known
 
 
 def releases_main(argv: list[str]) -> int:
@@ -80,10 +80,10 @@ def render_list(installed: str | None) -> str:
 
 
 def run_diff(old: str, new: str, opts: FuzzOptions) -> int:
-    from harness.run.catalogue import manager_entry
-    from harness.run.fuzzing import run_fuzz
-    from harness.traces.replay import replay
-    from harness.traces.trace import trace_from_json
+    from kvspec.harness.run.catalogue import manager_entry
+    from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.traces.replay import replay
+    from kvspec.harness.traces.trace import trace_from_json
 
     print(
         f"kvspec releases diff: {old} -> {new}: the spec under each, the same seeded workloads, exact relation; "

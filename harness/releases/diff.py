@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig
-from spec.releases.line import changes_between, profile_for
-from spec.releases.profile import Change, Profile
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.releases.line import changes_between, profile_for
+from kvspec.spec.releases.profile import Change, Profile
 
 
 class ReleasePairTarget(SpecTarget):

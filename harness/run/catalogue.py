@@ -14,7 +14,7 @@ and its origin.  Names follow ``harness.core.target_names``:
 - ``package.module:factory``: a user's manager (``harness.targets.user_factory``), lockstep-driven.
 
 ``replay_target`` picks the target a recorded trace is replayed on: a trace file never chooses code to
-run.  ``python -m harness.run.catalogue NAME`` does what a run of NAME does before its first example
+run.  ``python -m kvspec.harness.run.catalogue NAME`` does what a run of NAME does before its first example
 (``harness.run.startup`` times it).
 """
 
@@ -27,16 +27,16 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.core.target_names import MUTANT_PREFIX, is_user_target
-from harness.drivers.base import DriveHooks, Driver, DriveSettings
-from harness.drivers.lockstep import LockstepDriver
-from harness.run.options import FuzzOptions
-from harness.targets import TargetLoadError, check_target, user_factory
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.core.target_names import MUTANT_PREFIX, is_user_target
+from kvspec.harness.drivers.base import DriveHooks, Driver, DriveSettings
+from kvspec.harness.drivers.lockstep import LockstepDriver
+from kvspec.harness.run.options import FuzzOptions
+from kvspec.harness.targets import TargetLoadError, check_target, user_factory
 
 if TYPE_CHECKING:
-    from harness.traces.replay import ReplayResult
-    from harness.traces.trace import Trace
+    from kvspec.harness.traces.replay import ReplayResult
+    from kvspec.harness.traces.trace import Trace
 
 DriverMaker = Callable[[Callable[[], Any], DriveSettings, DriveHooks], Driver]
 
@@ -119,7 +119,7 @@ def fuzz_target(opts: FuzzOptions) -> CatalogueEntry:
 def with_kv_check(entry: CatalogueEntry, known_bugs: bool = True) -> CatalogueEntry:
     """``entry`` with its targets wrapped in the KV-content oracle (``--kv-check``; ``known_bugs``: the
     oracle stops checking a run at a known target bug instead of reporting its numbers)."""
-    from harness.oracle.target import KVCheckTarget
+    from kvspec.harness.oracle.target import KVCheckTarget
 
     inner = entry.factory
 
@@ -141,7 +141,7 @@ EXACT_WHY = "{} models vLLM block for block; the default for it"
 
 
 def _spec(assume_release: str | None) -> CatalogueEntry:
-    from harness.targets.spec import SpecTarget
+    from kvspec.harness.targets.spec import SpecTarget
 
     return _checked(
         CatalogueEntry("spec", SpecTarget, relation="exact", relation_reason=EXACT_WHY.format("spec"), origin="spec")
@@ -149,13 +149,13 @@ def _spec(assume_release: str | None) -> CatalogueEntry:
 
 
 def _impl(assume_release: str | None) -> CatalogueEntry:
-    entry = CatalogueEntry("impl", _import_factory("impl", "harness.targets.impl", "ImplTarget"), origin="impl")
+    entry = CatalogueEntry("impl", _import_factory("impl", "kvspec.harness.targets.impl", "ImplTarget"), origin="impl")
     return _checked(replace(entry, relation="exact", relation_reason=EXACT_WHY.format("impl")))
 
 
 def _vllm(assume_release: str | None) -> CatalogueEntry:
     _need_vllm("vllm")
-    target: Any = _import_factory("vllm", "harness.targets.vllm", "VllmTarget")
+    target: Any = _import_factory("vllm", "kvspec.harness.targets.vllm", "VllmTarget")
     factory = partial(target, assume_release=assume_release) if assume_release else target
     return _checked(
         CatalogueEntry("vllm", factory, relation="exact", relation_reason=EXACT_WHY.format("vllm"), origin="vllm")
@@ -164,7 +164,7 @@ def _vllm(assume_release: str | None) -> CatalogueEntry:
 
 def _vllm_fixed(assume_release: str | None) -> CatalogueEntry:
     _vllm(assume_release)  # says why when vLLM is not installed
-    from harness.mutants.fixes_vllm import make_target
+    from kvspec.harness.mutants.fixes_vllm import make_target
 
     why = "vllm-fixed carries proposed fixes, so it differs from vLLM by design"
     return _checked(
@@ -173,11 +173,11 @@ def _vllm_fixed(assume_release: str | None) -> CatalogueEntry:
 
 
 def _scheduler(assume_release: str | None, name: str = "vllm-scheduler", mutant: str | None = None) -> CatalogueEntry:
-    from harness.vllm_sched.driver import SCHED_FAMILIES
-    from harness.vllm_sched.fuzz import SchedulerDriver
+    from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES
+    from kvspec.harness.vllm_sched.fuzz import SchedulerDriver
 
     _need_vllm(name)
-    from harness.targets.vllm import VllmUnavailable, _vllm
+    from kvspec.harness.targets.vllm import VllmUnavailable, _vllm
 
     try:
         _vllm()
@@ -206,7 +206,7 @@ BUILTIN: dict[str, Callable[[str | None], CatalogueEntry]] = {
 
 def _mutant_entry(name: str, assume_release: str | None) -> CatalogueEntry:
     """``mutant:NAME``: the deliberate bug's target, run by the driver of the kind it mutates."""
-    from harness.mutants.registry import all_mutants, find_mutant, mutant_factory
+    from kvspec.harness.mutants.registry import all_mutants, find_mutant, mutant_factory
 
     mutant = find_mutant(name[len(MUTANT_PREFIX) :])
     if mutant is None:
@@ -288,10 +288,10 @@ def warm_up(name: str) -> None:
 
 
 def _warm_up_lockstep(entry: CatalogueEntry) -> None:
-    from harness.check.machine import RunStats, make_machine
-    from harness.world.families import FAMILIES
-    from spec.config import KVCacheConfig, full_attention
-    from spec.types import BlockCount, TokenCount
+    from kvspec.harness.check.machine import RunStats, make_machine
+    from kvspec.harness.world.families import FAMILIES
+    from kvspec.spec.config import KVCacheConfig, full_attention
+    from kvspec.spec.types import BlockCount, TokenCount
 
     entry.factory().reset(KVCacheConfig(BlockCount(16), (full_attention(16),), TokenCount(256)))
     for family in FAMILIES:
@@ -299,9 +299,9 @@ def _warm_up_lockstep(entry: CatalogueEntry) -> None:
 
 
 def _warm_up_scheduler(entry: CatalogueEntry) -> None:
-    from harness.vllm_sched.build import SchedKnobs, build_scheduler
-    from spec.config import KVCacheConfig, full_attention
-    from spec.types import BlockCount, TokenCount
+    from kvspec.harness.vllm_sched.build import SchedKnobs, build_scheduler
+    from kvspec.spec.config import KVCacheConfig, full_attention
+    from kvspec.spec.types import BlockCount, TokenCount
 
     build_scheduler(KVCacheConfig(BlockCount(64), (full_attention(16),), TokenCount(256)), SchedKnobs())
 

@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.drivers.base import signal_name
-from harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, exit_on_signal
-from harness.run.fuzzing import FuzzResult
-from harness.run.options import FuzzOptions
+from kvspec.harness.drivers.base import signal_name
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, exit_on_signal
+from kvspec.harness.run.fuzzing import FuzzResult
+from kvspec.harness.run.options import FuzzOptions
 
 
 def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
@@ -58,9 +58,9 @@ def _families(opts: FuzzOptions, res: FuzzResult) -> tuple[str, ...]:
 
 def _report_finding(opts: FuzzOptions, res: FuzzResult) -> Path | None:
     """Write the finding's report (``write_report_safely``) and say what was found and where."""
-    from harness.run.startup import process_seconds
-    from harness.traces.report import replay_command
-    from harness.traces.trace import trace_from_json
+    from kvspec.harness.run.startup import process_seconds
+    from kvspec.harness.traces.report import replay_command
+    from kvspec.harness.traces.trace import trace_from_json
 
     assert res.trace is not None
     trace = trace_from_json(res.trace)
@@ -96,8 +96,8 @@ def write_report_safely(out: str | Path, trace: Any, name: str | None = None) ->
     """``write_report`` under ``out``; when that fails (disk full, the folder removed meanwhile), under a
     fresh folder of the system temp dir, said loudly on stderr; when that fails too, the trace JSON is
     printed on stdout.  A finding is never lost.  The path written, or None."""
-    from harness.traces.report import write_report
-    from harness.traces.trace import dumps_trace
+    from kvspec.harness.traces.report import write_report
+    from kvspec.harness.traces.trace import dumps_trace
 
     try:
         return write_report(out, trace, name=name)
@@ -131,8 +131,8 @@ def _umask() -> int:
 
 def _print_known(opts: FuzzOptions, res: FuzzResult) -> None:
     """The known bugs met (they do not fail the run): hits, and one report each, written once."""
-    from harness.ledger.known_bugs import get_known_bug
-    from harness.traces.trace import trace_from_json
+    from kvspec.harness.ledger.known_bugs import get_known_bug
+    from kvspec.harness.traces.trace import trace_from_json
 
     for bug_id, hits in sorted(res.known.items()):
         bug = get_known_bug(bug_id)
@@ -159,8 +159,8 @@ def _write_fuzz_junit_safely(opts: FuzzOptions, res: FuzzResult, report: Any) ->
 
 
 def _write_fuzz_junit(path: str, opts: FuzzOptions, res: FuzzResult, report: Any) -> None:
-    from harness.run.junit import Case, write_junit
-    from harness.traces.report import replay_command
+    from kvspec.harness.run.junit import Case, write_junit
+    from kvspec.harness.traces.report import replay_command
 
     cls = f"kvspec.fuzz.{opts.target}"
     cases = []

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.drivers.base import DriveHooks, Driver, DriveSettings, Found, TurnOutcome
-from harness.run.options import FuzzOptions
-from harness.run.signals import SIGNALS
+from kvspec.harness.drivers.base import DriveHooks, Driver, DriveSettings, Found, TurnOutcome
+from kvspec.harness.run.options import FuzzOptions
+from kvspec.harness.run.signals import SIGNALS
 
 if TYPE_CHECKING:
-    from harness.run.catalogue import CatalogueEntry
+    from kvspec.harness.run.catalogue import CatalogueEntry
 
 
 @dataclass
@@ -111,7 +111,7 @@ def run_fuzz(
 
 def drive_settings(opts: FuzzOptions, overrides: dict[str, Any] | None = None) -> DriveSettings:
     """What a driver is told of the run (``harness.drivers.base.DriveSettings``)."""
-    from harness.run.profiles import generates, profile_settings
+    from kvspec.harness.run.profiles import generates, profile_settings
 
     hyp = {"max_examples": opts.batch, "database": _database(opts), **(overrides or {})}
     return DriveSettings(
@@ -130,7 +130,7 @@ def drive_settings(opts: FuzzOptions, overrides: dict[str, Any] | None = None) -
 
 
 def _database(opts: FuzzOptions) -> Any:
-    from harness.run.profiles import database
+    from kvspec.harness.run.profiles import database
 
     return database(opts.db)
 
@@ -223,7 +223,7 @@ class _Loop:
         return self.driver.reduce(found, seconds)
 
     def keep(self, found: Found) -> None:
-        from harness.traces.trace import trace_to_json
+        from kvspec.harness.traces.trace import trace_to_json
 
         res = self.res
         res.found_family, res.shrunk_steps, res.first_finding_after = (

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.check.settings import CheckSettings
+from kvspec.harness.check.settings import CheckSettings
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ class UsageError(Exception):
 
 def _all_families() -> tuple[str, ...]:
     """``--family all`` (imported here, not at start-up: the families import Hypothesis)."""
-    from harness.world.families import FAMILIES
+    from kvspec.harness.world.families import FAMILIES
 
     return tuple(FAMILIES)
 
@@ -121,7 +121,7 @@ class MutantsOptions:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> MutantsOptions:
         """``kvspec mutants``' parsed options, checked (``UsageError``)."""
-        from harness.run.profiles import profile_settings
+        from kvspec.harness.run.profiles import profile_settings
 
         if ns.seconds <= 0:
             raise UsageError("--seconds must be > 0")
@@ -172,7 +172,7 @@ def _as_usage_error() -> Iterator[None]:
 def check_choices(family: str, relation: str | None) -> tuple[str, ...]:
     """``--family`` parsed and ``--relation`` checked, unless left out (``UsageError`` says why not); the
     families."""
-    from harness.world.families import parse_families
+    from kvspec.harness.world.families import parse_families
 
     with _as_usage_error():
         families = tuple(parse_families(family))
@@ -182,7 +182,7 @@ def check_choices(family: str, relation: str | None) -> tuple[str, ...]:
 
 
 def _check_relation(relation: str) -> None:
-    from harness.core.equality import RELATIONS
+    from kvspec.harness.core.equality import RELATIONS
 
     if relation not in RELATIONS:
         raise UsageError(f"unknown relation {relation!r} (known: {', '.join(RELATIONS)})")
@@ -190,7 +190,7 @@ def _check_relation(relation: str) -> None:
 
 def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
-    from harness.run.profiles import check_database, profile_settings
+    from kvspec.harness.run.profiles import check_database, profile_settings
 
     _check_numbers(ns, FUZZ_NUMBERS)
     families = check_choices(ns.family, ns.relation)
@@ -280,8 +280,8 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     ``db`` (``KVSPEC_DB``), ``memory_mb`` (``KVSPEC_TARGET_MEMORY_MB``), ``full_check_every``
     (``KVSPEC_FULL_CHECK_EVERY``), ``assume_release`` (``KVSPEC_VLLM_PROFILE``).  Only the edges call
     it: the CLI, the pytest plugin."""
-    from harness.check.memory_guard import parse_memory_bound
-    from harness.core.glimpse import parse_full_check_every
+    from kvspec.harness.check.memory_guard import parse_memory_bound
+    from kvspec.harness.core.glimpse import parse_full_check_every
 
     with _as_usage_error():
         return {

@@ -14,7 +14,7 @@ under ``--kvspec-out``.  The tests are ordinary Hypothesis state-machine tests, 
 them on many cores (``hypothesis fuzz -n 4 -- --kvspec-target ... --kvspec-only``); each machine
 prints its progress on stderr every few seconds (``progress_poll``), which is all a
 ``--no-dashboard`` run shows.  The header says the target, the relation in force and why
-(``harness.run.relation_choice``), and the run's size; a family the target models no config of
+(``kvspec.harness.run.relation_choice``), and the run's size; a family the target models no config of
 is skipped, saying why.
 
 In a test of one's own, the ``kvspec`` fixture does the same for one target and family::
@@ -34,15 +34,15 @@ from typing import Any
 
 import pytest
 
-import harness.run.profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
-from harness.run.options import FuzzOptions, UsageError, check_choices, from_environ
+from kvspec.harness.run import profiles as _profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
+from kvspec.harness.run.options import FuzzOptions, UsageError, check_choices, from_environ
 
 SUITE = Path(__file__).with_name("pytest_suite.py")
 
 
 @dataclass(frozen=True)
 class Suite:
-    """What ``--kvspec-target`` configured, read by ``harness.run.pytest_suite``: the options, the
+    """What ``--kvspec-target`` configured, read by ``kvspec.harness.run.pytest_suite``: the options, the
     target's factory and the example database (both resolved once)."""
 
     options: FuzzOptions
@@ -82,9 +82,9 @@ def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("kvspec_target")
     if target is None:
         return
-    from harness.run.catalogue import resolve
-    from harness.run.relation_choice import choose_relation
-    from harness.targets import TargetLoadError
+    from kvspec.harness.run.catalogue import resolve
+    from kvspec.harness.run.relation_choice import choose_relation
+    from kvspec.harness.targets import TargetLoadError
 
     given = config.getoption("kvspec_relation")
     try:
@@ -140,7 +140,7 @@ def plugin_options(config: pytest.Config, **chosen: Any) -> FuzzOptions:
 def _lockstep_entry(entry: Any) -> Any:
     """``entry`` if the lockstep driver runs it (the plugin's machines are Hypothesis' state machines);
     ``UsageError`` otherwise."""
-    from harness.drivers.lockstep import LockstepDriver
+    from kvspec.harness.drivers.lockstep import LockstepDriver
 
     if entry.driver is not LockstepDriver:
         raise UsageError(f"target {entry.name} is not a manager the state machines drive; use kvspec fuzz")
@@ -151,7 +151,7 @@ def _database(spec: str | None) -> Any:
     """``--kvspec-db``, else ``KVSPEC_DB``, else the loaded profile's database."""
     from hypothesis import settings
 
-    from harness.run.profiles import check_database
+    from kvspec.harness.run.profiles import check_database
 
     if spec or os.environ.get("KVSPEC_DB"):
         return check_database(spec)
@@ -180,9 +180,9 @@ def run_family(
 ) -> None:
     """Run kvspec's state machine for ``family`` of ``opts`` (its target, relation, step timeout and
     shrinking bound; ``hyp_settings``, else the loaded profile on ``db``) as one turn of the lockstep
-    driver (``harness.drivers.lockstep``); a finding, reduced by the same driver, fails the test with
+    driver (``kvspec.harness.drivers.lockstep``); a finding, reduced by the same driver, fails the test with
     its report path (under ``opts.out``)."""
-    from harness.traces.report import replay_command, write_report
+    from kvspec.harness.traces.report import replay_command, write_report
 
     driver = lockstep_driver(opts, factory, hyp_settings or machine_settings(db))
     driver.plan((family,))
@@ -201,8 +201,8 @@ def run_family(
 
 def lockstep_driver(opts: FuzzOptions, factory: Callable[[], Any], hyp_settings: Any, poll: Any = None) -> Any:
     """The lockstep driver of ``opts``' target under ``hyp_settings`` (pytest's or HypoFuzz's own)."""
-    from harness.drivers.base import DriveHooks, DriveSettings
-    from harness.drivers.lockstep import LockstepDriver
+    from kvspec.harness.drivers.base import DriveHooks, DriveSettings
+    from kvspec.harness.drivers.lockstep import LockstepDriver
 
     settings = DriveSettings(
         target=opts.target,
@@ -269,13 +269,13 @@ def make_testcase(suite: Suite, family: str) -> type[unittest.TestCase]:
             "runTest": runTest,
             "settings": machine_settings(suite.db),
             "pytestmark": [pytest.mark.kvspec],
-            "__module__": "harness.run.pytest_suite",
+            "__module__": "kvspec.harness.run.pytest_suite",
         },
     )
 
 
 def suite_testcases() -> dict[str, type[unittest.TestCase]]:
-    """The test classes of ``harness.run.pytest_suite``: one per family (none without ``--kvspec-target``)."""
+    """The test classes of ``kvspec.harness.run.pytest_suite``: one per family (none without ``--kvspec-target``)."""
     if _SUITE is None:
         return {}
     return {f"TestKVSpec_{fam}": make_testcase(_SUITE, fam) for fam in _SUITE.options.families}
@@ -289,10 +289,10 @@ class KVSpecFixture:
 
     def check(self, target: str | Callable[[], Any], family: str = "full", relation: str | None = None) -> None:
         """Run ``target`` on ``family`` under ``relation`` (None: the target's own, relation_choice)."""
-        from harness.run.catalogue import CatalogueEntry, resolve
-        from harness.run.relation_choice import choose_relation
-        from harness.targets import TargetLoadError, check_target
-        from harness.world.families import parse_families
+        from kvspec.harness.run.catalogue import CatalogueEntry, resolve
+        from kvspec.harness.run.relation_choice import choose_relation
+        from kvspec.harness.targets import TargetLoadError, check_target
+        from kvspec.harness.world.families import parse_families
 
         try:
             if isinstance(target, str):

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.run.options import UsageError
+from kvspec.harness.run.options import UsageError
 
 if TYPE_CHECKING:
-    from harness.run.catalogue import CatalogueEntry
+    from kvspec.harness.run.catalogue import CatalogueEntry
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def choose_relation(given: str | None, entry: CatalogueEntry) -> RelationChoice:
 
 def _declared(target: str, factory: Callable[[], Any] | None) -> RelationChoice | None:
     """The ``relation`` (and ``relation_reason``) the factory or a target it builds declares."""
-    from harness.core.equality import RELATIONS
+    from kvspec.harness.core.equality import RELATIONS
 
     if factory is None:
         return None

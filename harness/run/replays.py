@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.check.settings import CheckSettings
-from harness.run.exits import EXIT_FOUND, EXIT_OK
-from harness.run.options import UsageError
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK
+from kvspec.harness.run.options import UsageError
 
 if TYPE_CHECKING:
-    from harness.run.catalogue import CatalogueEntry
-    from harness.traces.replay import ReplayResult
-    from harness.traces.trace import Trace
+    from kvspec.harness.run.catalogue import CatalogueEntry
+    from kvspec.harness.traces.replay import ReplayResult
+    from kvspec.harness.traces.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,11 @@ def _prepared(
     paths: list[str], target: str | None, trust: bool, assume_release: str | None
 ) -> tuple[list[Replay], dict[str, CatalogueEntry]]:
     """Every trace read, its target chosen and resolved, and checked by that target's driver."""
-    from harness.core.strict_json import TraceFormatError
-    from harness.drivers.base import DriveSettings
-    from harness.run.catalogue import UntrustedTarget, replay_target, resolve
-    from harness.targets import TargetLoadError
-    from harness.traces.folders import find_traces
+    from kvspec.harness.core.strict_json import TraceFormatError
+    from kvspec.harness.drivers.base import DriveSettings
+    from kvspec.harness.run.catalogue import UntrustedTarget, replay_target, resolve
+    from kvspec.harness.targets import TargetLoadError
+    from kvspec.harness.traces.folders import find_traces
 
     try:
         found = find_traces(paths)
@@ -81,7 +81,7 @@ def _prepared(
 
 
 def _write_junit(path: str, cases: list[tuple[Replay, float, ReplayResult]]) -> None:
-    from harness.run.junit import Case, write_junit
+    from kvspec.harness.run.junit import Case, write_junit
 
     out = []
     for r, t, result in cases:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from harness.drivers.base import Interrupted, signal_name
+from kvspec.harness.drivers.base import Interrupted, signal_name
 
 __all__ = ["SIGNALS", "Interrupted", "StopSignals", "signal_name"]
 

@@ -3,7 +3,7 @@ process is (what "from a cold start" means in ``kvspec fuzz``'s and ``kvspec mut
 
 ``process_seconds()`` is the age of this process: on Linux read from ``/proc`` (interpreter start
 included), elsewhere the time since this module was first imported.  ``cold_start_seconds(target)``
-runs ``python -m harness.run.catalogue TARGET`` in a fresh process, which does what ``kvspec fuzz
+runs ``python -m kvspec.harness.run.catalogue TARGET`` in a fresh process, which does what ``kvspec fuzz
 --target TARGET`` does before its first example (import kvspec, resolve and build the target, and
 its catalogue entry's warm-up: reset it on a first config, import Hypothesis and build the state
 machines, or for vLLM's real scheduler build one) and exits; the figure is that process' whole wall
@@ -34,11 +34,11 @@ def process_seconds() -> float:
 
 
 def cold_start_seconds(target: str, timeout: float = 300.0) -> float | None:
-    """Wall seconds of a fresh ``python -m harness.run.catalogue TARGET`` (None if it failed)."""
+    """Wall seconds of a fresh ``python -m kvspec.harness.run.catalogue TARGET`` (None if it failed)."""
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "harness.run.catalogue", target],
+            [sys.executable, "-m", "kvspec.harness.run.catalogue", target],
             capture_output=True,
             timeout=timeout,
             check=False,

@@ -9,7 +9,7 @@ current batch and return, and only that first finding is written as a report.
 
 For adaptive, coverage-guided fuzzing on many cores use HypoFuzz on the pytest plugin's state
 machines instead (README, docs/ci.md); this is the plain, deterministic-seed common case.
-``python -m harness.bench.workers`` measures the speed-up of N workers over one.
+``python -m kvspec.harness.bench.workers`` measures the speed-up of N workers over one.
 
 Signals: each worker handles SIGINT and SIGTERM like the single process (``harness.run.signals.SIGNALS``:
 stop, keep the smallest finding so far) and returns.  The workers start with both ignored (the
@@ -33,10 +33,10 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-from harness.run.catalogue import fuzz_target
-from harness.run.fuzzing import FuzzResult, progress_line, run_fuzz
-from harness.run.options import FuzzOptions
-from harness.run.signals import SIGNALS
+from kvspec.harness.run.catalogue import fuzz_target
+from kvspec.harness.run.fuzzing import FuzzResult, progress_line, run_fuzz
+from kvspec.harness.run.options import FuzzOptions
+from kvspec.harness.run.signals import SIGNALS
 
 GRACE_SECONDS = 10.0  # after a signal, how long the parent waits for the workers' results
 _STOP: Any = None  # the shared stop event, in each worker process

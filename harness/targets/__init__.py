@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from harness.targets.base import Target, Unsupported
+from kvspec.harness.targets.base import Target, Unsupported
 
 __all__ = ["Target", "TargetLoadError", "Unsupported", "check_target", "user_factory"]
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from harness.core import ops as O
-from harness.core.book import BookRequest, RequestBook
-from harness.core.observation import Observation, event_to_json
-from spec.config import KVCacheConfig
-from spec.events import Event
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest, RequestBook
+from kvspec.harness.core.observation import Observation, event_to_json
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.events import Event
 
 N = TypeVar("N")  # the target's own request object
 BlockIds = list[list[int]]  # block ids per group, as outcomes carry them

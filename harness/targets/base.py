@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from harness.core.observation import Observation
-from harness.core.ops import Op
-from spec.config import KVCacheConfig
-from spec.releases.profile import Profile
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops import Op
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.releases.profile import Profile
 
 
 class Unsupported(Exception):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from harness.core.book import BookRequest
-from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.core.observation import Observation
-from harness.core.ops import (
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops import (
     AllocateSlots,
     AppendOutputTokens,
     Op,
@@ -24,14 +24,14 @@ from harness.core.ops import (
     SetNumInFlightTokens,
     SetStatus,
 )
-from harness.targets.adapter import ManagerAdapter
-from harness.targets.base import Unsupported
-from impl import allocator as alloc
-from impl.hashing import BlockHasher
-from spec.config import KVCacheConfig
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from spec.releases.profile import BASE
-from spec.types import BlockHash, GroupId, TokenCount
+from kvspec.harness.targets.adapter import ManagerAdapter
+from kvspec.harness.targets.base import Unsupported
+from kvspec.impl import allocator as alloc
+from kvspec.impl.hashing import BlockHasher
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvspec.spec.releases.profile import BASE
+from kvspec.spec.types import BlockHash, GroupId, TokenCount
 
 _FREE_ORDER = {"split": "v0.33", "append": "v0.20"}
 

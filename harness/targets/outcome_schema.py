@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, NoReturn, cast
 
-from harness.core import ops as O
-from harness.core.observation import Observation
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
 
 REPR_LIMIT = 200
 
@@ -301,8 +301,8 @@ def check_observation(obs: Any, num_groups: int, num_blocks: int) -> None:
 def _plain(obs: Observation) -> Observation:
     """The spec's own persistent containers (``spec.persistent``, ``spec.linked_queue``: large pools) read as the tuples
     and dicts they stand for; any other value is checked as it is."""
-    from spec.linked_queue import LinkedQueue
-    from spec.persistent import PMap, PVec
+    from kvspec.spec.linked_queue import LinkedQueue
+    from kvspec.spec.persistent import PMap, PVec
 
     seq = (PVec, LinkedQueue)
     fields: dict[str, Any] = {

@@ -14,19 +14,19 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.book import BookRequest
-from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.core.observation import Observation
-from harness.targets.adapter import ManagerAdapter
-from harness.targets.spec_journal import SpecJournal
-from spec import kv_cache_manager as kvm
-from spec import request as rq
-from spec.config import KVCacheConfig
-from spec.events import Event
-from spec.hashing import MMFeature
-from spec.persistent import PMap
-from spec.types import TokenCount
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.adapter import ManagerAdapter
+from kvspec.harness.targets.spec_journal import SpecJournal
+from kvspec.spec import kv_cache_manager as kvm
+from kvspec.spec import request as rq
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.events import Event
+from kvspec.spec.hashing import MMFeature
+from kvspec.spec.persistent import PMap
+from kvspec.spec.types import TokenCount
 
 _NO_KEYS: frozenset[bytes] = frozenset()
 
@@ -49,7 +49,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
     @property
     def version(self) -> str:
-        from harness import __version__
+        from kvspec.harness import __version__
 
         return f"kvspec {__version__}"
 
@@ -185,9 +185,9 @@ class SpecTarget(ManagerAdapter[rq.Request]):
         in-flight prefill ``(request id, tokens it must hold, tokens computed)`` the blocks it still
         needs (``get_num_blocks_to_allocate`` with the admission cap, no new hits), plus one
         speculative step of ``step_tokens`` in every group."""
-        from spec.arith import cdiv
-        from spec.coordinator import get_num_blocks_to_allocate
-        from spec.types import RequestId
+        from kvspec.spec.arith import cdiv
+        from kvspec.spec.coordinator import get_num_blocks_to_allocate
+        from kvspec.spec.types import RequestId
 
         needed = sum(
             get_num_blocks_to_allocate(self.state, RequestId(rid), n, (), 0, computed, apply_admission_cap=True)

@@ -28,10 +28,10 @@ from collections.abc import Collection, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from harness.core.book import BookRequest
-from harness.core.glimpse import Glimpse
-from harness.core.observation import Observation
-from harness.core.ops import (
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.glimpse import Glimpse
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops import (
     AllocateSlots,
     AppendOutputTokens,
     MMFeatureSpec,
@@ -41,17 +41,17 @@ from harness.core.ops import (
     SetSpecTokens,
     SetStatus,
 )
-from harness.targets.adapter import ManagerAdapter
-from harness.targets.base import Unsupported, bind_release
-from harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
-from harness.targets.vllm_release import ANY, ReleaseMismatch, probe, seed_none_hash, split_computed
-from spec.config import AttentionSpec, KVCacheConfig
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from spec.hashing import get_none_hash
-from spec.releases.line import UnknownRelease
-from spec.releases.profile import Profile
-from spec.request import PROCESS_HASH_SEED
-from spec.types import BlockHash, GroupId, TokenCount
+from kvspec.harness.targets.adapter import ManagerAdapter
+from kvspec.harness.targets.base import Unsupported, bind_release
+from kvspec.harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
+from kvspec.harness.targets.vllm_release import ANY, ReleaseMismatch, probe, seed_none_hash, split_computed
+from kvspec.spec.config import AttentionSpec, KVCacheConfig
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvspec.spec.hashing import get_none_hash
+from kvspec.spec.releases.line import UnknownRelease
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import PROCESS_HASH_SEED
+from kvspec.spec.types import BlockHash, GroupId, TokenCount
 
 _MASK64 = (1 << 64) - 1
 

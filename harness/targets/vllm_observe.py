@@ -15,9 +15,9 @@ from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
 from typing import Any
 
-from harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
-from harness.core.observation import Observation
-from harness.targets.vllm_release import VllmApi
+from kvspec.harness.core.glimpse import BlockFacts, Glimpse, GlimpseView, build_glimpse
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.vllm_release import VllmApi
 
 
 class Reader:

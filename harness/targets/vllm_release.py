@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spec.releases.line import UnknownRelease, profile_for, require_known
-from spec.releases.profile import Profile
+from kvspec.spec.releases.line import UnknownRelease, profile_for, require_known
+from kvspec.spec.releases.profile import Profile
 
 ASSUME_ENV = "KVSPEC_VLLM_PROFILE"
 ANY = object()

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.core.strict_json import TraceFormatError
-from harness.traces.trace import Trace, parse_json, read_bytes, read_trace, trace_from_json
+from kvspec.harness.core.strict_json import TraceFormatError
+from kvspec.harness.traces.trace import Trace, parse_json, read_bytes, read_trace, trace_from_json
 
 _MARKER = b'"kvspec_trace"'
 

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from harness.check.lockstep import Finding, FindingError, Lockstep
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.core import ops as O
-from harness.targets.base import Target, Unsupported
-from harness.targets.spec import SpecTarget
-from spec.config import ConfigError, KVCacheConfig
+from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.base import Target, Unsupported
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import ConfigError, KVCacheConfig
 
 Ops = list[O.Op]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from harness.check.lockstep import Finding, FindingError, Lockstep
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.core.equality import outcome_difference
-from harness.targets.base import Target, Unsupported
-from harness.traces.trace import Trace
+from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.core.equality import outcome_difference
+from kvspec.harness.targets.base import Target, Unsupported
+from kvspec.harness.traces.trace import Trace
 
 
 @dataclass

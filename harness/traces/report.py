@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.core.ops_json import op_to_json
-from harness.targets.spec import SpecTarget
-from harness.traces.trace import Trace, dumps_trace
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.traces.trace import Trace, dumps_trace
 
 REPLAY_TEST = '''"""Replays {name}: fails while the finding it records is still there."""
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.catalogue import replay_recorded
-from harness.targets import TargetLoadError
-from harness.traces.trace import read_trace
+from kvspec.harness.run.catalogue import replay_recorded
+from kvspec.harness.targets import TargetLoadError
+from kvspec.harness.traces.trace import read_trace
 
 TRACE = Path(__file__).with_name("trace.json")
 
@@ -122,7 +122,7 @@ def _replay_command(trace: Trace) -> str:
 def replay_command(folder: str | Path, target_name: str) -> str:
     """``kvspec replay`` of a report folder; a target that is not built in is named with ``--target``
     (replay never takes such a target from the trace file itself)."""
-    from harness.core.target_names import is_user_target
+    from kvspec.harness.core.target_names import is_user_target
 
     if not is_user_target(target_name):
         return f"kvspec replay {folder}"

@@ -8,9 +8,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from harness.core.ops import Op
-from harness.core.ops_json import op_from_json
-from harness.core.strict_json import (
+from kvspec.harness.core.ops import Op
+from kvspec.harness.core.ops_json import op_from_json
+from kvspec.harness.core.strict_json import (
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
     MAX_TEXT_CHARS,
@@ -22,7 +22,7 @@ from harness.core.strict_json import (
     want_object,
     want_str,
 )
-from harness.targets.outcome_schema import outcome_problem
+from kvspec.harness.targets.outcome_schema import outcome_problem
 
 MAX_TRACE_BYTES = 16 << 20  # a trace file, and any string in it
 MAX_GROUPS = 64

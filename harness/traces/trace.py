@@ -84,10 +84,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.equality import RELATIONS
-from harness.core.ops import Op
-from harness.core.ops_json import op_from_json, op_to_json
-from harness.core.strict_json import (
+from kvspec.harness.core.equality import RELATIONS
+from kvspec.harness.core.ops import Op
+from kvspec.harness.core.ops_json import op_from_json, op_to_json
+from kvspec.harness.core.strict_json import (
     MAX_BLOCK_SIZE,
     MAX_NAME_CHARS,
     MAX_NUM_BLOCKS,
@@ -103,7 +103,7 @@ from harness.core.strict_json import (
     want_object,
     want_str,
 )
-from harness.traces.schema import (
+from kvspec.harness.traces.schema import (
     MAX_GROUPS,
     MAX_TRACE_BYTES,
     Parser,
@@ -114,10 +114,10 @@ from harness.traces.schema import (
     outcome_from_json,
     str_of,
 )
-from spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig
-from spec.releases.line import UnknownRelease, all_profile_names, profile_named
-from spec.releases.profile import Profile
-from spec.types import BlockCount, TokenCount
+from kvspec.spec.config import AttentionKind, AttentionSpec, ConfigError, HashAlgo, KVCacheConfig
+from kvspec.spec.releases.line import UnknownRelease, all_profile_names, profile_named
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.types import BlockCount, TokenCount
 
 TRACE_VERSION = 1
 

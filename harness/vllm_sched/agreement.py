@@ -8,7 +8,7 @@ then kvspec's model replays those steps (``harness.vllm_sched.mirror.ModelMirror
 every run, step by step; this command only measures it.
 
 A run agrees up to its first differing step; the rest of it is not compared (the two schedulers'
-states differ from there).  ``python -m harness.vllm_sched.agreement --seconds 600`` prints the
+states differ from there).  ``python -m kvspec.harness.vllm_sched.agreement --seconds 600`` prints the
 figure (steps and calls that agree, runs that agree whole) and each kind of first difference.
 """
 
@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from harness.core import ops as O
-from harness.vllm_sched.build import SchedKnobs, build_scheduler
-from harness.vllm_sched.driver import SCHED_FAMILIES, Driver, draw_config, draw_knobs
-from harness.vllm_sched.mirror import Call, ModelMirror, WorldStep
-from harness.vllm_sched.proxy import install
-from harness.world.workload import SeededChoices
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.vllm_sched.build import SchedKnobs, build_scheduler
+from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES, Driver, draw_config, draw_knobs
+from kvspec.harness.vllm_sched.mirror import Call, ModelMirror, WorldStep
+from kvspec.harness.vllm_sched.proxy import install
+from kvspec.harness.world.workload import SeededChoices
+from kvspec.spec.config import KVCacheConfig
 
 T = TypeVar("T")
 
@@ -144,8 +144,8 @@ class Agreement:
 def measure(families: Sequence[str], seconds: float, seed: int, max_engine_steps: int = 200) -> Agreement:
     """Compare runs of ``families`` in turn (run ``i`` seeded as ``kvspec fuzz`` seeds it) until
     ``seconds`` are spent."""
-    from harness.targets.base import Unsupported
-    from harness.vllm_sched.fuzz import run_seed
+    from kvspec.harness.targets.base import Unsupported
+    from kvspec.harness.vllm_sched.fuzz import run_seed
 
     out = Agreement()
     deadline = time.monotonic() + seconds
@@ -163,7 +163,7 @@ def measure(families: Sequence[str], seconds: float, seed: int, max_engine_steps
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m harness.vllm_sched.agreement",
+        prog="python -m kvspec.harness.vllm_sched.agreement",
         description="kvspec's scheduler model against vLLM's real scheduler: same inputs, manager calls compared",
     )
     ap.add_argument("--family", default="all", help=f"comma-separated, or all ({', '.join(SCHED_FAMILIES)})")

@@ -1,4 +1,4 @@
-"""Per-call cost of the manager proxy, side by side: ``python -m harness.vllm_sched.bench``.
+"""Per-call cost of the manager proxy, side by side: ``python -m kvspec.harness.vllm_sched.bench``.
 
 The same seeded workload (``harness.vllm_sched.driver``; the real scheduler decides identically each
 time) runs on the real scheduler bare (no proxy), then with the proxy feeding a sink that does
@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.core import ops as O
-from harness.vllm_sched.build import build_scheduler
-from harness.vllm_sched.driver import Driver, draw_config, draw_knobs
-from harness.vllm_sched.proxy import ManagerProxy, install
-from harness.vllm_sched.record import RecordSink, ShadowSink
-from harness.world.workload import SeededChoices
+from kvspec.harness.core import ops as O
+from kvspec.harness.vllm_sched.build import build_scheduler
+from kvspec.harness.vllm_sched.driver import Driver, draw_config, draw_knobs
+from kvspec.harness.vllm_sched.proxy import ManagerProxy, install
+from kvspec.harness.vllm_sched.record import RecordSink, ShadowSink
+from kvspec.harness.world.workload import SeededChoices
 
 
 class NullSink:
@@ -61,7 +61,7 @@ def run_mode(mode: str, family: str, seed: int, steps: int, tmp: Path) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.vllm_sched.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m kvspec.harness.vllm_sched.bench", description=__doc__)
     p.add_argument("--family", default="full")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=150, help="engine steps per run (records stay under 10,000 ops)")

@@ -20,10 +20,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.targets.base import Unsupported
-from harness.targets.vllm_release import fields_of
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.targets.vllm_release import fields_of
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 
 CONNECTOR_NAME = "StubConnector"
 
@@ -59,7 +59,7 @@ def supported(config: KVCacheConfig) -> str | None:
 
 def _stub_connector_module() -> str:
     """The module vLLM imports the stub connector from (``harness.vllm_sched.connector``)."""
-    return "harness.vllm_sched.connector"
+    return "kvspec.harness.vllm_sched.connector"
 
 
 @cache
@@ -135,7 +135,7 @@ def build_scheduler(config: KVCacheConfig, knobs: SchedKnobs) -> tuple[Any, KVCa
     why = supported(config)
     if why:
         raise Unsupported(why)
-    from harness.targets.vllm import _make_vllm_kv_cache_config, _vllm
+    from kvspec.harness.targets.vllm import _make_vllm_kv_cache_config, _vllm
 
     v = _vllm()
     from vllm.utils.hashing import sha256

@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from math import lcm
 from typing import Any
 
-from harness.check.finding import Finding, FindingError
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.targets.spec_journal import SpecJournal
-from harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
-from harness.vllm_sched.mirror import ModelMirror, WorldStep
-from harness.vllm_sched.proxy import install
-from harness.vllm_sched.sink import LockstepSink
-from harness.vllm_sched.world_checks import MAX_LOAD_STEPS, WorldChecks
-from harness.world.choices import Choices
-from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import Finding, FindingError
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.targets.spec_journal import SpecJournal
+from kvspec.harness.vllm_sched.build import SchedKnobs, block_hasher, build_scheduler, model_runner_output
+from kvspec.harness.vllm_sched.mirror import ModelMirror, WorldStep
+from kvspec.harness.vllm_sched.proxy import install
+from kvspec.harness.vllm_sched.sink import LockstepSink
+from kvspec.harness.vllm_sched.world_checks import MAX_LOAD_STEPS, WorldChecks
+from kvspec.harness.world.choices import Choices
+from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.types import BlockCount, TokenCount
 
 STOP_TOKEN = 7  # a sampled stop token (``stop_token_ids``); prompts never contain it
 SCHED_FAMILIES = (

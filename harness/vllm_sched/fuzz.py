@@ -24,15 +24,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.check.finding import Finding
-from harness.drivers.base import DriveHooks, DriveSettings, Found, Plan, Tally, TurnOutcome
-from harness.targets.base import Unsupported
-from harness.traces.trace import Trace, trace_to_json
-from harness.vllm_sched.build import SchedKnobs
-from harness.vllm_sched.driver import SCHED_FAMILIES, RunResult
+from kvspec.harness.check.finding import Finding
+from kvspec.harness.drivers.base import DriveHooks, DriveSettings, Found, Plan, Tally, TurnOutcome
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.traces.trace import Trace, trace_to_json
+from kvspec.harness.vllm_sched.build import SchedKnobs
+from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES, RunResult
 
 if TYPE_CHECKING:
-    from harness.traces.replay import ReplayResult
+    from kvspec.harness.traces.replay import ReplayResult
 
 TARGET_NAME = "vllm-scheduler"
 
@@ -40,7 +40,7 @@ TARGET_NAME = "vllm-scheduler"
 def scheduler_families(families: list[str]) -> tuple[list[str], list[str]]:
     """(families the real scheduler runs, the others): every kvspec layout family it supports; with
     all of kvspec's families chosen (``--family all``), also ``connector`` and ``spec_decode``."""
-    from harness.world.families import FAMILIES
+    from kvspec.harness.world.families import FAMILIES
 
     runs = [f for f in families if f in SCHED_FAMILIES]
     if set(FAMILIES) <= set(families):
@@ -56,7 +56,7 @@ def run_seed(seed: int, i: int) -> int:
 def one_run(family: str, seed: int, overrides: Mapping[tuple[str, int], int] | None = None, **kwargs: Any) -> RunResult:
     """Run ``family`` from ``seed`` (config, knobs and workload all drawn from it), with the draws
     a reduction replaced (``harness.vllm_sched.reduce``), if any."""
-    from harness.vllm_sched.reduce import run_overridden
+    from kvspec.harness.vllm_sched.reduce import run_overridden
 
     return run_overridden(family, seed, overrides or {}, **kwargs)
 
@@ -71,8 +71,8 @@ def finding_trace(
 ) -> Trace:
     """The report trace of a run that ended in a finding (or of ``finding`` at ``steps``: a known bug's
     first meeting, harness.ledger.known_bugs); ``overrides``: the draws a reduction replaced."""
-    from harness.targets.vllm import vllm_version
-    from harness.vllm_sched.reduce import overrides_to_json
+    from kvspec.harness.targets.vllm import vllm_version
+    from kvspec.harness.vllm_sched.reduce import overrides_to_json
 
     if finding is None:
         assert res.finding is not None
@@ -115,7 +115,7 @@ def scheduler_run_of(trace: Trace, where: str) -> tuple[str, int, int, dict[tupl
     """(family, run seed, engine steps, the draws its reduction replaced) of a report the real
     scheduler's fuzz wrote, checked: a trace is data, so anything else is a ``ValueError`` naming
     the problem."""
-    from harness.vllm_sched.reduce import overrides_from_json
+    from kvspec.harness.vllm_sched.reduce import overrides_from_json
 
     extra = trace.extra
     if extra.get("driver") != TARGET_NAME:
@@ -136,9 +136,9 @@ def replay_scheduler_run(trace: Trace, where: str, mutant: str | None = None) ->
     recorded engine steps, the spec in lockstep as in the fuzz; with ``mutant``, under that
     deliberate scheduler bug.  A ``harness.traces.replay.ReplayResult``: not ok when the run ends in a
     finding (the same one as recorded, or another), ok when the finding is gone."""
-    from harness.mutants.vllm_scheduler import patched
-    from harness.traces.reduce import finding_signature
-    from harness.traces.replay import ReplayResult
+    from kvspec.harness.mutants.vllm_scheduler import patched
+    from kvspec.harness.traces.reduce import finding_signature
+    from kvspec.harness.traces.replay import ReplayResult
 
     family, seed, steps, overrides = scheduler_run_of(trace, where)
     with patched(mutant) if mutant else contextlib.nullcontext():
@@ -185,7 +185,7 @@ class SchedulerDriver:
         self.known_traces: dict[str, dict[str, Any]] = {}
 
     def session(self) -> AbstractContextManager[None]:
-        from harness.mutants.vllm_scheduler import patched
+        from kvspec.harness.mutants.vllm_scheduler import patched
 
         return patched(self.mutant) if self.mutant else contextlib.nullcontext()
 
@@ -254,9 +254,9 @@ class SchedulerDriver:
         ``seconds`` (under the session's mutant, if any), then its operations replayed on the real
         manager (``harness.drivers.base.reduce_finding``: it keeps only traces the spec accepts as a
         caller's), when they alone reproduce the finding."""
-        from harness.drivers.base import reduce_finding
-        from harness.targets.vllm import VllmTarget
-        from harness.vllm_sched.reduce import reduce_scheduler_run
+        from kvspec.harness.drivers.base import reduce_finding
+        from kvspec.harness.targets.vllm import VllmTarget
+        from kvspec.harness.vllm_sched.reduce import reduce_scheduler_run
 
         res, seed = found.state
         start = time.monotonic()

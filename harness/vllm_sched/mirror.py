@@ -18,7 +18,7 @@ The relation, per engine step (``compare_step``):
   the step's output, where vLLM frees each inside its loop; frees are what orders the free queue.
 
 Used by ``kvspec fuzz --target vllm-scheduler`` in every run (``harness.vllm_sched.driver.run_one``:
-a difference is an ``agreement`` finding) and by ``python -m harness.vllm_sched.agreement`` (the figure).
+a difference is an ``agreement`` finding) and by ``python -m kvspec.harness.vllm_sched.agreement`` (the figure).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from harness.core import ops as O
-from harness.core.ops_json import op_to_json
-from harness.targets.spec import SpecTarget
-from harness.targets.spec_journal import SpecJournal
-from harness.vllm_sched.build import SchedKnobs
-from harness.world.records import SchedConfig
-from harness.world.scheduler import Scheduler
-from spec.config import KVCacheConfig
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.targets.spec_journal import SpecJournal
+from kvspec.harness.vllm_sched.build import SchedKnobs
+from kvspec.harness.world.records import SchedConfig
+from kvspec.harness.world.scheduler import Scheduler
+from kvspec.spec.config import KVCacheConfig
 
 T = TypeVar("T")
 

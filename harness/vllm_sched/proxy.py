@@ -23,10 +23,10 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from harness.core import ops as O
-from harness.core.book import RequestBook
-from harness.targets.base import Unsupported
-from harness.targets.vllm import _block_ids
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import RequestBook
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.targets.vllm import _block_ids
 
 
 class Sink(Protocol):

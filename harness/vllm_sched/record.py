@@ -33,15 +33,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness.check.finding import FindingError
-from harness.core import ops as O
-from harness.core.ops_json import op_to_json
-from harness.targets.base import Unsupported
-from harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
-from harness.vllm_sched.proxy import install
-from harness.vllm_sched.sink import LockstepSink
-from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import FindingError
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
+from kvspec.harness.vllm_sched.proxy import install
+from kvspec.harness.vllm_sched.sink import LockstepSink
+from kvspec.spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.types import BlockCount, TokenCount
 
 ENV_RECORD = "KVSPEC_RECORD"
 ENV_RECORD_EVERY = "KVSPEC_RECORD_EVERY"
@@ -110,7 +110,7 @@ class RecordSink:
     """Operations and the real outcomes, as a kvspec trace at ``path`` (no spec in the loop)."""
 
     def __init__(self, config: KVCacheConfig, path: Path, every: int = 1000) -> None:
-        from harness.targets.vllm import vllm_version
+        from kvspec.harness.targets.vllm import vllm_version
 
         self.config, self.path, self.every = config, path, max(1, every)
         self.version = vllm_version()
@@ -199,8 +199,8 @@ class ShadowSink(LockstepSink):
         try:
             fn(*args)
         except FindingError as e:
-            from harness.targets.vllm import vllm_version
-            from harness.traces.report import write_report
+            from kvspec.harness.targets.vllm import vllm_version
+            from kvspec.harness.traces.report import write_report
 
             trace = Trace(
                 config=self.config,

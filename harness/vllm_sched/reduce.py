@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from harness.vllm_sched.driver import RunResult, draw_config, draw_knobs, run_one
-from harness.world.choices import Choices
-from harness.world.workload import SeededChoices
+from kvspec.harness.vllm_sched.driver import RunResult, draw_config, draw_knobs, run_one
+from kvspec.harness.world.choices import Choices
+from kvspec.harness.world.workload import SeededChoices
 
 T = TypeVar("T")
 Overrides = dict[tuple[str, int], int]
@@ -154,7 +154,7 @@ class _Reducer:
 
     def attempt(self, changes: Overrides) -> bool:
         """Keep the run with ``changes`` if it ends in the same finding with fewer operations."""
-        from harness.traces.reduce import same_finding
+        from kvspec.harness.traces.reduce import same_finding
 
         best = self.best
         assert best.finding is not None

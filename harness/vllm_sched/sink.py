@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from harness.check.lockstep import Lockstep
-from harness.check.settings import DEFAULT_CHECKS, CheckSettings
-from harness.core import ops as O
-from harness.core.book import BookRequest
-from harness.core.observation import Observation
-from harness.targets.vllm import VllmTarget
-from spec.config import KVCacheConfig
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.vllm import VllmTarget
+from kvspec.spec.config import KVCacheConfig
 
 
 class PassiveVllmTarget(VllmTarget):

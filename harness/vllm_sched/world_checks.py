@@ -27,11 +27,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.check.finding import Finding, FindingError
-from harness.core import ops as O
-from harness.core.ops_json import op_to_json
-from harness.ledger.world import WorldFacts
-from harness.vllm_sched.sink import LockstepSink
+from kvspec.harness.check.finding import Finding, FindingError
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.ledger.world import WorldFacts
+from kvspec.harness.vllm_sched.sink import LockstepSink
 
 MAX_LOAD_STEPS = 8
 """The world (``Driver._connector_output``) reports every asynchronous load finished within this many

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from spec.config import (
+from kvspec.spec.config import (
     AttentionSpec,
     KVCacheConfig,
     chunked_local,
@@ -26,8 +26,8 @@ from spec.config import (
     full_attention,
     sliding_window,
 )
-from spec.releases.line import FREE_ORDER_0_20
-from spec.types import BlockCount, TokenCount
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.types import BlockCount, TokenCount
 
 StrategyFn = TypeVar("StrategyFn", bound=Callable[..., Any])  # an st.composite function
 

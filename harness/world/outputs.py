@@ -17,11 +17,11 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from harness.core import ops as O
-from harness.world.choices import Choices
-from harness.world.records import Batch, RequestChanges, SchedConfig, SReq
-from harness.world.transfer import KVTransfers
-from spec.request import RequestStatus
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.choices import Choices
+from kvspec.harness.world.records import Batch, RequestChanges, SchedConfig, SReq
+from kvspec.harness.world.transfer import KVTransfers
+from kvspec.spec.request import RequestStatus
 
 
 class StepOutputs:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.book import BookRequest, apply_request_op
-from spec.releases.profile import BASE, Profile
-from spec.request import RequestStatus
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import BookRequest, apply_request_op
+from kvspec.spec.releases.profile import BASE, Profile
+from kvspec.spec.request import RequestStatus
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.core import ops as O
-from harness.world.choices import Choices
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.choices import Choices
 
 SHARED_NAME_LORA = ("sql", "/loras/sql-v2")  # the name of an adapter of ``workload.LORAS``, another path
 SALT_LIKE_LORA = "sql"  # a cache salt equal to an adapter's name

@@ -61,13 +61,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core import ops as O
-from harness.core.book import new_book_request
-from harness.world.choices import Choices
-from harness.world.outputs import StepOutputs
-from harness.world.records import Batch, RequestChanges, SchedConfig, SReq
-from harness.world.transfer import KVTransfers
-from spec.request import RequestStatus
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.book import new_book_request
+from kvspec.harness.world.choices import Choices
+from kvspec.harness.world.outputs import StepOutputs
+from kvspec.harness.world.records import Batch, RequestChanges, SchedConfig, SReq
+from kvspec.harness.world.transfer import KVTransfers
+from kvspec.spec.request import RequestStatus
 
 
 @dataclass

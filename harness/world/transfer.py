@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from harness.core import ops as O
-from harness.world.choices import Choices
-from harness.world.records import RequestChanges, SchedConfig, SReq
-from spec.request import RequestStatus
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.choices import Choices
+from kvspec.harness.world.records import RequestChanges, SchedConfig, SReq
+from kvspec.spec.request import RequestStatus
 
 
 class KVTransfers:

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from harness.core import ops as O
-from harness.world.choices import Choices
-from harness.world.records import SchedConfig
-from harness.world.request_keys import (
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.choices import Choices
+from kvspec.harness.world.records import SchedConfig
+from kvspec.harness.world.request_keys import (
     MAX_TURN_SOURCES,
     SALT_LIKE_LORA,
     SHARED_NAME_LORA,
@@ -28,8 +28,8 @@ from harness.world.request_keys import (
     draw_tail_items,
     next_turn,
 )
-from harness.world.scheduler import Scheduler
-from spec.config import KVCacheConfig
+from kvspec.harness.world.scheduler import Scheduler
+from kvspec.spec.config import KVCacheConfig
 
 T = TypeVar("T")
 

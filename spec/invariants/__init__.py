@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from spec.block_pool import thaw
-from spec.events import Event
-from spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
-from spec.invariants.registry import (
+from kvspec.spec.block_pool import thaw
+from kvspec.spec.events import Event
+from kvspec.spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
+from kvspec.spec.invariants.registry import (
     SPEC_INVARIANTS,
     InvariantKind,
     StateContext,
@@ -32,11 +32,11 @@ from spec.invariants.registry import (
     Violation,
     run_invariants,
 )
-from spec.invariants.table import render_invariant_table
-from spec.registry import Invariant
-from spec.request import Request
-from spec.state import KVCacheManagerState, with_pool
-from spec.types import RequestId
+from kvspec.spec.invariants.table import render_invariant_table
+from kvspec.spec.registry import Invariant
+from kvspec.spec.request import Request
+from kvspec.spec.state import KVCacheManagerState, with_pool
+from kvspec.spec.types import RequestId
 
 __all__ = [
     "SPEC_INVARIANTS",

@@ -1,4 +1,4 @@
-"""``python -m spec.invariants [--check]``: write (or only compare) docs/invariants.md.
+"""``python -m kvspec.spec.invariants [--check]``: write (or only compare) docs/invariants.md.
 
 Run from the repository root.  ``--check`` exits 1 when the file differs from the registry.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from spec.invariants.table import INVARIANT_TABLE_PATH, render_invariant_table
+from kvspec.spec.invariants.table import INVARIANT_TABLE_PATH, render_invariant_table
 
 
 def main(argv: list[str]) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         current = path.read_text(encoding="utf-8") if path.exists() else ""
         if current != text:
-            print(f"{path} is stale: run python -m spec.invariants", file=sys.stderr)
+            print(f"{path} is stale: run python -m kvspec.spec.invariants", file=sys.stderr)
             return 1
         return 0
     path.write_text(text, encoding="utf-8")

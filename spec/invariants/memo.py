@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from spec.releases.profile import Profile
-from spec.request import Request, recompute_block_hashes
-from spec.types import BlockHash, BlockKey, make_block_key
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import Request, recompute_block_hashes
+from kvspec.spec.types import BlockHash, BlockKey, make_block_key
 
 _HASH_MEMO: dict[tuple[Any, ...], tuple[BlockHash, ...]] = {}
 _LAST: dict[str, tuple[Request, Profile, tuple[BlockHash, ...]]] = {}  # request id -> its last recomputation

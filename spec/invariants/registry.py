@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from spec.config import KVCacheConfig
-from spec.events import Event
-from spec.hashing import get_group_block_hashes
-from spec.registry import Registry
-from spec.request import Request
-from spec.state import KVCacheManagerState
-from spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.events import Event
+from kvspec.spec.hashing import get_group_block_hashes
+from kvspec.spec.registry import Registry
+from kvspec.spec.request import Request
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
 
 InvariantKind = Literal["state", "step"]
 Slot = tuple[GroupId, RequestId, int]

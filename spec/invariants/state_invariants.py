@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from spec.config import KVCacheConfig
-from spec.hashing import get_published_hash
-from spec.invariants.memo import recompute_hashes, replay, taken_counts
-from spec.invariants.registry import SPEC_INVARIANTS, StateContext
-from spec.types import (
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.hashing import get_published_hash
+from kvspec.spec.invariants.memo import recompute_hashes, replay, taken_counts
+from kvspec.spec.invariants.registry import SPEC_INVARIANTS, StateContext
+from kvspec.spec.types import (
     NULL_BLOCK_ID,
     BlockId,
     BlockKey,

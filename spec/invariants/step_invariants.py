@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from spec.invariants.registry import SPEC_INVARIANTS, StepContext
-from spec.kv_cache_manager import get_max_cache_hit_length, is_prefix_cache_lookup_enabled
-from spec.linked_queue import queue_push
-from spec.persistent import vec_changed, vec_set
-from spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
+from kvspec.spec.invariants.registry import SPEC_INVARIANTS, StepContext
+from kvspec.spec.kv_cache_manager import get_max_cache_hit_length, is_prefix_cache_lookup_enabled
+from kvspec.spec.linked_queue import queue_push
+from kvspec.spec.persistent import vec_changed, vec_set
+from kvspec.spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 
 # --- operation postconditions ----------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ slot holds (``ledger``), and named predicates (``invariants``, one registry) che
 read and publication a step makes.  ``harness.ledger.checker`` feeds it from any target's observed tables.
 """
 
-from spec.kv_ledger.identity import IdentityTrie, KVIdentity, SequenceIdentities, get_position_key
-from spec.kv_ledger.invariants import (
+from kvspec.spec.kv_ledger.identity import IdentityTrie, KVIdentity, SequenceIdentities, get_position_key
+from kvspec.spec.kv_ledger.invariants import (
     LEDGER_INVARIANTS,
     AccessKind,
     LedgerContext,
@@ -18,7 +18,7 @@ from spec.kv_ledger.invariants import (
     SlotAccess,
     check_ledger,
 )
-from spec.kv_ledger.ledger import (
+from kvspec.spec.kv_ledger.ledger import (
     KVLedger,
     clear_block,
     get_first_reader,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import NewType
 
-from spec.hashing import HashFeatures, MMFeature
+from kvspec.spec.hashing import HashFeatures, MMFeature
 
 Difference = str
 """What separates the KV a slot holds from the KV a reader needs (``IdentityTrie.explain``):

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from spec.kv_ledger.identity import KVIdentity
-from spec.registry import Registry
-from spec.types import NULL_BLOCK_ID
+from kvspec.spec.kv_ledger.identity import KVIdentity
+from kvspec.spec.registry import Registry
+from kvspec.spec.types import NULL_BLOCK_ID
 
 AccessKind = Literal["write", "read", "publish"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from spec.config import AttentionSpec
-from spec.kv_ledger.identity import KVIdentity
-from spec.types import NULL_BLOCK_ID, BlockId
+from kvspec.spec.config import AttentionSpec
+from kvspec.spec.kv_ledger.identity import KVIdentity
+from kvspec.spec.types import NULL_BLOCK_ID, BlockId
 
 
 @dataclass

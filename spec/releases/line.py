@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 import re
 
-from spec.releases import v0_24, v0_25, v0_26, v0_27, v0_28, v0_29, v0_30, v0_31, v0_32, v0_33, v0_34
-from spec.releases.profile import BASE, Change, Profile
+from kvspec.spec.releases import v0_24, v0_25, v0_26, v0_27, v0_28, v0_29, v0_30, v0_31, v0_32, v0_33, v0_34
+from kvspec.spec.releases.profile import BASE, Change, Profile
 
 RELEASES: tuple[str, ...] = (
     "0.23.0",

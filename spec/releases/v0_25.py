@@ -5,6 +5,6 @@
 
 from __future__ import annotations
 
-from spec.releases.profile import Change
+from kvspec.spec.releases.profile import Change
 
 CHANGES: tuple[Change, ...] = ()

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from spec.releases.profile import Change
+from kvspec.spec.releases.profile import Change
 
 CHANGES: tuple[Change, ...] = (
     Change(

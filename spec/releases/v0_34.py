@@ -14,7 +14,7 @@ block hashes (kvspec passes none).  docs/releases.md has the full list.
 
 from __future__ import annotations
 
-from spec.releases.profile import Change
+from kvspec.spec.releases.profile import Change
 
 CHANGES: tuple[Change, ...] = (
     Change(

@@ -22,9 +22,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def kvspec(*args: str, cwd: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    """``kvspec ARGS`` (as ``python -m harness``) in ``cwd``."""
+    """``kvspec ARGS`` (as ``python -m kvspec.harness``) in ``cwd``."""
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
+        [sys.executable, "-m", "kvspec.harness", *args],
         cwd=cwd,
         env=env(**extra),
         text=True,

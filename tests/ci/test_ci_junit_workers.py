@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ci_helpers import REPO, kvspec
 
-from harness.run.junit import Case, render_junit, write_junit
+from kvspec.harness.run.junit import Case, render_junit, write_junit
 
 CORPUS = REPO / "tests" / "corpus"
 

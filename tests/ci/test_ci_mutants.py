@@ -9,8 +9,8 @@ import re
 import pytest
 from ci_helpers import REPO, kvspec
 
-from harness.campaign import Entry, Row, builtin_entries, check_of, run_entry, select, uncovered, user_entries
-from harness.run.options import MutantsOptions
+from kvspec.harness.campaign import Entry, Row, builtin_entries, check_of, run_entry, select, uncovered, user_entries
+from kvspec.harness.run.options import MutantsOptions
 
 FAST = ("--seconds", "30", "--shrink-seconds", "1", "--out", "reports")
 
@@ -131,7 +131,7 @@ def test_a_runtime_vllm_mutant_is_killed_and_vllm_restored(tmp_path):
     pytest.importorskip("vllm")
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    from harness.mutants.vllm import patched
+    from kvspec.harness.mutants.vllm import patched
 
     original = KVCacheManager.__dict__["get_computed_blocks"]
     with patched("vllm_hit_cap_num_tokens"):
@@ -157,7 +157,7 @@ def test_a_scheduler_mutant_is_a_campaign_row_with_a_reduced_report(tmp_path):
     pytest.importorskip("vllm")
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from harness.mutants.vllm_scheduler import MUTANTS
+    from kvspec.harness.mutants.vllm_scheduler import MUTANTS
 
     entries = [e for e in builtin_entries(with_vllm=True) if e.origin == "scheduler"]
     assert sorted(e.name for e in entries) == sorted(MUTANTS)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from ci_helpers import REPO, VENV_BIN, env
 
-from spec.releases.line import RELEASES
+from kvspec.spec.releases.line import RELEASES
 
 TEMPLATES = REPO / "ci" / "templates"
 GITHUB = TEMPLATES / "github-kvspec.yml"

@@ -38,8 +38,8 @@ def _check_fuzz(r: subprocess.CompletedProcess[str]) -> None:
 def _check_pytest(r: subprocess.CompletedProcess[str]) -> None:
     assert f"kvspec: target {TARGET}, {DECLARED}" in r.stdout
     assert "kvspec: 1 test(s), one per family (no_cache); each up to 100 examples of 50 steps" in r.stdout
-    # The user's own test, the docs' fixture snippet and TestKVSpec_no_cache.
-    assert re.search(r"\b3 passed in\b", r.stdout), r.stdout[-3000:]
+    # The user's own two tests, the docs' fixture snippet and TestKVSpec_no_cache.
+    assert re.search(r"\b4 passed in\b", r.stdout), r.stdout[-3000:]
 
 
 def _check_mutants(r: subprocess.CompletedProcess[str]) -> None:
@@ -106,8 +106,16 @@ def test_a_users_repository_runs_every_documented_command(tmp_path):
     for c in (c for c in commands if c.line.startswith(INSTALL)):
         r = repo.run(c.line)
         assert r.returncode == c.status, (c.line, r.stdout, r.stderr)
-    where = repo.run("python -c 'import harness; print(harness.__file__)'")
-    assert where.stdout.startswith(str(repo.venv)), where.stdout + where.stderr  # the installed kvspec, not ours
+    # One import name: kvspec from the install, the user's harness and spec from the repository.
+    code = "import harness, spec, kvspec.harness; print(kvspec.harness.__file__, harness.__file__, spec.__file__)"
+    where = repo.run(f'python -c "{code}"')
+    ours, theirs, their_spec = where.stdout.split()
+    assert ours.startswith(str(repo.venv)), where.stdout + where.stderr  # the installed kvspec, not this checkout
+    assert theirs == str(repo.root / "harness" / "__init__.py") and their_spec.startswith(str(repo.root / "spec"))
+    top = repo.run(
+        "python -c \"import importlib.metadata as m; print(m.distribution('kvspec').read_text('top_level.txt'))\""
+    )
+    assert top.stdout.split() == ["kvspec"], top.stdout + top.stderr  # nothing installed beside it
     failures = []
     for c in commands:
         if c.line.startswith(INSTALL):

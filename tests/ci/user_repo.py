@@ -68,13 +68,24 @@ def fixture_snippet() -> str:
 
 
 OWN_TEST = """
+from harness.tools import answer
 from mypkg.kvspec_adapter import TinyManager
+from spec.model import NAME
 
 
 def test_the_manager_hands_out_whole_blocks():
     m = TinyManager(num_blocks=4, block_size=4, max_model_len=16)
     assert m.allocate("r", 5) == [1, 2] and m.allocate("s", 9) is None
+
+
+def test_the_users_own_harness_and_spec():
+    assert answer() == 42 and NAME == "the user's own spec"
 """
+"""The user's own tests: of its manager, and of its own top-level ``harness`` and ``spec`` packages,
+which kvspec (imported only as ``kvspec``) must neither shadow nor be shadowed by."""
+
+
+OWN_SPEC = 'NAME = "the user\'s own spec"\n'
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,10 @@ def make_user_repo(tmp: Path) -> UserRepo:
     shutil.copy(REPO / "examples" / "my_manager.py", pkg / "kvspec_adapter.py")
     mutants = (REPO / "examples" / "my_manager_mutants.py").read_text()
     (pkg / "kvspec_mutants.py").write_text(mutants.replace("examples.my_manager", "mypkg.kvspec_adapter"))
+    for own, module, text in (("harness", "tools", "def answer():\n    return 42\n"), ("spec", "model", OWN_SPEC)):
+        (root / own).mkdir()
+        (root / own / "__init__.py").write_text(f'"""The user\'s own {own} package."""\n')
+        (root / own / f"{module}.py").write_text(text)
     (root / "tests" / "test_manager.py").write_text(OWN_TEST)
     (root / "tests" / "test_kvspec.py").write_text(fixture_snippet())
     (root / "pyproject.toml").write_text(

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.run.catalogue import resolve
-from harness.traces.replay import replay
-from harness.traces.trace import read_trace
+from kvspec.harness.cli import main
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.traces.replay import replay
+from kvspec.harness.traces.trace import read_trace
 
 CORPUS = sorted(Path(__file__).parent.glob("*.json"))
 TARGETS = [

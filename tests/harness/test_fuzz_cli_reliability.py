@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
-import harness.run.fuzzing
-import harness.run.workers
-import harness.traces.reduce
-import harness.traces.report
-from harness.check.settings import CheckSettings
-from harness.cli import main
-from harness.mutants.spec import make_mutant
-from harness.traces.replay import replay
-from harness.traces.trace import read_trace
+import kvspec.harness.run.fuzzing
+import kvspec.harness.run.workers
+import kvspec.harness.traces.reduce
+import kvspec.harness.traces.report
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.cli import main
+from kvspec.harness.mutants.spec import make_mutant
+from kvspec.harness.traces.replay import replay
+from kvspec.harness.traces.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 BUG = ["--target", "mutant:hit_cap_num_tokens", "--family", "full"]  # found within about a second
@@ -82,8 +82,8 @@ def no_fuzzing(monkeypatch, tmp_path):
     def started(*args, **kwargs):
         raise AssertionError("fuzzing started despite a usage error")
 
-    monkeypatch.setattr(harness.run.fuzzing, "run_fuzz", started)
-    monkeypatch.setattr(harness.run.workers, "fuzz_workers", started)
+    monkeypatch.setattr(kvspec.harness.run.fuzzing, "run_fuzz", started)
+    monkeypatch.setattr(kvspec.harness.run.workers, "fuzz_workers", started)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("not a folder\n")
     (tmp_path / "a-dir").mkdir()
@@ -128,7 +128,7 @@ def test_unwritable_out_exits_2(no_fuzzing, tmp_path, capsys):
 
 FACTORIES = """
     import sys
-    from harness.targets.spec import SpecTarget
+    from kvspec.harness.targets.spec import SpecTarget
 
     calls = 0
 
@@ -198,7 +198,7 @@ def test_report_folder_is_readable_by_others(tmp_path, capsys):
 
 def test_report_goes_to_the_temp_dir_when_out_fails_later(tmp_path, monkeypatch, capsys):
     """Disk full (or the folder removed) after the check: the finding is written under the temp dir."""
-    real = harness.traces.report.write_report
+    real = kvspec.harness.traces.report.write_report
     reports = tmp_path / "reports"
 
     def full_disk(out_dir, trace, name=None):
@@ -206,7 +206,7 @@ def test_report_goes_to_the_temp_dir_when_out_fails_later(tmp_path, monkeypatch,
             raise OSError(28, "No space left on device")
         return real(out_dir, trace, name)
 
-    monkeypatch.setattr(harness.traces.report, "write_report", full_disk)
+    monkeypatch.setattr(kvspec.harness.traces.report, "write_report", full_disk)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     assert run_bug_in_process(tmp_path) == 1
@@ -222,7 +222,17 @@ def test_report_goes_to_the_temp_dir_when_out_fails_later(tmp_path, monkeypatch,
 
 def start_fuzz(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out, err = tmp_path / "stdout", tmp_path / "stderr"
-    cmd = [sys.executable, "-m", "harness", "fuzz", *args, "--db", str(tmp_path / "db"), "--out", str(tmp_path / "r")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvspec.harness",
+        "fuzz",
+        *args,
+        "--db",
+        str(tmp_path / "db"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
     with out.open("wb") as o, err.open("wb") as e:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e)
     return proc, out, err
@@ -252,7 +262,7 @@ def assert_replayable_report(tmp_path: Path, stdout: str) -> None:
     assert {"trace.json", "report.md"} <= names and any(n.startswith("test_replay_") for n in names), names
     assert str(report) in stdout
     kind = json.loads((report / "trace.json").read_text())["finding"]["kind"]
-    replay_cmd = [sys.executable, "-m", "harness", "replay", str(report)]
+    replay_cmd = [sys.executable, "-m", "kvspec.harness", "replay", str(report)]
     r = subprocess.run(replay_cmd, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and f"FAIL {report}" in r.stdout and f": {kind} at " in r.stdout, r.stdout + r.stderr
 
@@ -291,7 +301,7 @@ def test_signal_before_any_finding(tmp_path):
 def test_signal_while_reducing_writes_the_reduced_so_far(tmp_path, monkeypatch, capsys):
     """In process, deterministic: SIGINT arrives at the reducer's third candidate replay; the reducer
     stops there and the report holds its trace so far, which still replays to the finding."""
-    real, calls = harness.traces.reduce.run_ops, []
+    real, calls = kvspec.harness.traces.reduce.run_ops, []
 
     def signalling_run_ops(*args, **kwargs):
         calls.append(1)
@@ -299,7 +309,7 @@ def test_signal_while_reducing_writes_the_reduced_so_far(tmp_path, monkeypatch, 
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(harness.traces.reduce, "run_ops", signalling_run_ops)
+    monkeypatch.setattr(kvspec.harness.traces.reduce, "run_ops", signalling_run_ops)
     # --seconds 60 (not 2): on a loaded machine the finding may come after 2 s, leaving the reducer no time.
     assert run_bug_in_process(tmp_path, "--seconds", "60", "--reduce-seconds", "600") == 130
     stdout = capsys.readouterr().out
@@ -312,8 +322,8 @@ def test_signal_while_reducing_writes_the_reduced_so_far(tmp_path, monkeypatch, 
 
 def test_the_best_so_far_is_the_shortest_failing_trace():
     """What a signal during shrinking writes: the shortest trace recorded, not merely the latest."""
-    from harness.check.lockstep import Finding
-    from harness.check.machine import RunStats, _record_finding
+    from kvspec.harness.check.lockstep import Finding
+    from kvspec.harness.check.machine import RunStats, _record_finding
 
     trace = read_trace(ROOT / "tests" / "corpus" / "hit_cap_num_tokens.json")
     stats, seen = RunStats(), []
@@ -328,9 +338,11 @@ def test_the_best_so_far_is_the_shortest_failing_trace():
 def test_reducer_stops_when_told():
     trace = read_trace(ROOT / "tests" / "corpus" / "hit_cap_num_tokens.json")
     mutant = lambda: make_mutant("hit_cap_num_tokens")  # noqa: E731
-    found, _ = harness.traces.reduce.run_ops(trace.config, trace.ops, mutant, CheckSettings(relation=trace.relation))
+    found, _ = kvspec.harness.traces.reduce.run_ops(
+        trace.config, trace.ops, mutant, CheckSettings(relation=trace.relation)
+    )
     assert found is not None
-    red = harness.traces.reduce.reduce_trace(
+    red = kvspec.harness.traces.reduce.reduce_trace(
         trace.config, trace.ops, found, mutant, seconds=600, should_stop=lambda: True
     )
     assert red.replays == 1 and red.seconds < 5  # only the first replay, which checks the finding
@@ -353,7 +365,7 @@ def test_seconds_bounds_shrinking_and_reduction(tmp_path):
 
 @pytest.mark.parametrize("value", ["abc", "nan MiB"])
 def test_a_bad_memory_bound_in_the_environment_is_a_usage_error(no_fuzzing, tmp_path, capsys, monkeypatch, value):
-    """``KVSPEC_TARGET_MEMORY_MB`` (harness.check.memory_guard) is checked with the options, before any work."""
+    """``KVSPEC_TARGET_MEMORY_MB`` (kvspec.harness.check.memory_guard) is checked with the options, before any work."""
     monkeypatch.setenv("KVSPEC_TARGET_MEMORY_MB", value)
     assert main(["fuzz", *BUG, "--out", str(tmp_path / "reports")]) == 2
     err = capsys.readouterr().err
@@ -363,7 +375,7 @@ def test_a_bad_memory_bound_in_the_environment_is_a_usage_error(no_fuzzing, tmp_
 @pytest.mark.parametrize("command", ["fuzz", "replay"])
 @pytest.mark.parametrize("value", ["0", "every", "-1"])
 def test_a_bad_full_check_cadence_is_a_usage_error(no_fuzzing, tmp_path, capsys, monkeypatch, command, value):
-    """``KVSPEC_FULL_CHECK_EVERY`` (harness.core.glimpse) is checked with the options, before any work."""
+    """``KVSPEC_FULL_CHECK_EVERY`` (kvspec.harness.core.glimpse) is checked with the options, before any work."""
     monkeypatch.setenv("KVSPEC_FULL_CHECK_EVERY", value)
     argv = ["fuzz", *BUG, "--out", str(tmp_path / "reports")] if command == "fuzz" else ["replay", "tests/corpus"]
     assert main(argv) == 2

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from harness.bench.lockstep import pool_runs
-from harness.check.finding import FindingError
-from harness.check.lockstep import Lockstep
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.core.glimpse import ENV, full_check_every, parse_full_check_every
-from harness.mutants.spec import MUTANTS, make_mutant
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from spec import block_pool
-from spec.config import KVCacheConfig
+from kvspec.harness.bench.lockstep import pool_runs
+from kvspec.harness.check.finding import FindingError
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.glimpse import ENV, full_check_every, parse_full_check_every
+from kvspec.harness.mutants.spec import MUTANTS, make_mutant
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec import block_pool
+from kvspec.spec.config import KVCacheConfig
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def _replay(config: KVCacheConfig, ops: list[O.Op], target: Any, every: int | No
 def _targets() -> list[Any]:
     out: list[Any] = [SpecTarget, ImplTarget]
     try:
-        from harness.targets.vllm import VllmTarget, vllm_version
+        from kvspec.harness.targets.vllm import VllmTarget, vllm_version
 
         if vllm_version() is not None:
             out.append(VllmTarget)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from harness.check.finding import FindingError, StepTimeout
-from harness.check.guard import Call, guarded_call
-from harness.core import ops as O
-from harness.targets.base import Unsupported
+from kvspec.harness.check.finding import FindingError, StepTimeout
+from kvspec.harness.check.guard import Call, guarded_call
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.base import Unsupported
 
 OP = O.Free("r1")
 CALL = Call("the target", 3, OP, "expected outcome")

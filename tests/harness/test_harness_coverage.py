@@ -4,11 +4,11 @@ one of them fails here instead of silently narrowing the fuzzing."""
 
 import pytest
 
-from harness.check.machine import RunStats, make_machine, run_machine
-from harness.check.settings import CheckSettings
-from harness.run.profiles import profile_settings
-from harness.targets.spec import SpecTarget
-from harness.world.families import FAMILIES
+from kvspec.harness.check.machine import RunStats, make_machine, run_machine
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.run.profiles import profile_settings
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.world.families import FAMILIES
 
 pytestmark = pytest.mark.statemachine
 
@@ -119,7 +119,7 @@ def test_an_action_the_workload_stops_reaching_fails_the_check(monkeypatch):
     """The deliberate bug: aborts never enabled; the cheap run of the default tier names them."""
     import dataclasses
 
-    from harness.check import machine
+    from kvspec.harness.check import machine
 
     never = dataclasses.replace(machine.ACTION_BY_NAME["abort"], enabled=lambda w: False)
     monkeypatch.setitem(machine.ACTION_BY_NAME, "abort", never)

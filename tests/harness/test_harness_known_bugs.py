@@ -1,7 +1,7 @@
 """Known target bugs are data (harness/ledger/known_bugs.py): counted and reported once, never steering."""
 
-from harness.cli import main
-from harness.ledger.known_bugs import KNOWN_BUGS, match_known_bug
+from kvspec.harness.cli import main
+from kvspec.harness.ledger.known_bugs import KNOWN_BUGS, match_known_bug
 
 WINDOW_LOAD = {
     "invariant": "kv_write_in_real_block",

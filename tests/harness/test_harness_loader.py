@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from harness.cli import main
-from harness.run.catalogue import BUILTIN, resolve
-from harness.targets import TargetLoadError
-from harness.targets.spec import SpecTarget
+from kvspec.harness.cli import main
+from kvspec.harness.run.catalogue import BUILTIN, resolve
+from kvspec.harness.targets import TargetLoadError
+from kvspec.harness.targets.spec import SpecTarget
 
 
 def load_target(name: str) -> object:
@@ -76,7 +76,8 @@ def test_cli_resolves_mutants_from_their_catalogue(capsys):
 def test_resolving_a_built_in_imports_no_mutant_catalogue():
     import subprocess
 
-    code = "import sys, harness.run.catalogue as c; c.resolve('spec'); print('harness.mutants.registry' in sys.modules)"
+    code = "import sys, kvspec.harness.run.catalogue as c; c.resolve('spec')\n"
+    code += "print('kvspec.harness.mutants.registry' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -20,24 +20,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.check.machine import RESETS_BEFORE_SKIP, RunStats, make_machine, run_machine
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.core.ops_json import op_from_json, op_to_json
-from harness.core.strict_json import TraceFormatError
-from harness.mutants.record import Patch
-from harness.mutants.spec import patched_modules
-from harness.run.catalogue import resolve
-from harness.run.profiles import profile_settings
-from harness.targets.spec import SpecTarget
-from harness.traces.trace import Trace, dumps_trace, trace_from_json
-from harness.world.families import FAMILIES, configs, workload_features
-from harness.world.workload import embed_row, run_seeded
-from spec import request as rq
-from spec.config import AttentionSpec, KVCacheConfig, cross_attention, full_attention, sliding_window
-from spec.releases.line import FREE_ORDER_0_20
-from spec.releases.profile import BASE
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.machine import RESETS_BEFORE_SKIP, RunStats, make_machine, run_machine
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_from_json, op_to_json
+from kvspec.harness.core.strict_json import TraceFormatError
+from kvspec.harness.mutants.record import Patch
+from kvspec.harness.mutants.spec import patched_modules
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.run.profiles import profile_settings
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.traces.trace import Trace, dumps_trace, trace_from_json
+from kvspec.harness.world.families import FAMILIES, configs, workload_features
+from kvspec.harness.world.workload import embed_row, run_seeded
+from kvspec.spec import request as rq
+from kvspec.spec.config import AttentionSpec, KVCacheConfig, cross_attention, full_attention, sliding_window
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.releases.profile import BASE
+from kvspec.spec.types import BlockCount, TokenCount
 
 
 def cfg(num_blocks: int, groups: tuple[AttentionSpec, ...], max_model_len: int, **kw: Any) -> KVCacheConfig:
@@ -48,7 +48,7 @@ NEW_FAMILIES = ("cbor", "encoder_decoder", "v0_20", "async_sched", "hash_block_o
 
 
 def _vllm_factory() -> Callable[[], Any]:
-    from harness.targets import TargetLoadError
+    from kvspec.harness.targets import TargetLoadError
 
     try:
         return resolve("vllm").factory
@@ -228,7 +228,9 @@ class _IgnoresInFlight(_Buggy):
     """Frees window blocks on the optimistic count, as if no step were in flight."""
 
     patch = Patch(
-        "spec.slot_allocation", "get_num_processed_tokens", lambda orig: lambda request, t: t.total_computed_tokens
+        "kvspec.spec.slot_allocation",
+        "get_num_processed_tokens",
+        lambda orig: lambda request, t: t.total_computed_tokens,
     )
 
 
@@ -236,7 +238,7 @@ class _IgnoresEncoderTokens(_Buggy):
     """Never allocates cross-attention blocks."""
 
     patch = Patch(
-        "spec.kv_cache_manager",
+        "kvspec.spec.kv_cache_manager",
         "allocate_slots",
         lambda orig: lambda *a, **kw: orig(*a, **{**kw, "num_encoder_tokens": 0}),
     )
@@ -246,7 +248,7 @@ class _V033FreeOrder(_Buggy):
     """Follows the 0.33 free order whatever the profile."""
 
     patch = Patch(
-        "spec.block_pool",
+        "kvspec.spec.block_pool",
         "free_blocks",
         lambda orig: (
             lambda pool, blocks, *args: dataclasses.replace(
@@ -351,7 +353,7 @@ def test_prompt_embeds_separate_equal_token_prompts_in_vllm() -> None:
 def test_sha256_cbor_hashes_equal_vllms() -> None:
     """Block hashes under sha256_cbor (and their event form) agree with vLLM for every feature the
     spec hashes; the embeddings case is checked on spec.hashing directly (see conftest gap 2)."""
-    from spec.hashing import HashFeatures, extend_block_hashes
+    from kvspec.spec.hashing import HashFeatures, extend_block_hashes
 
     config = cfg(32, (full_attention(2),), 16, hash_algo="sha256_cbor", enable_kv_cache_events=True)
     adds = [
@@ -426,7 +428,7 @@ def test_v0_20_is_skipped_cleanly_on_vllm() -> None:
 
 @pytest.mark.parametrize("family", ["v0_20", "cbor", "encoder_decoder", "hash_block_override"])
 def test_impl_runs_the_new_families(family: str, machine_run: Any) -> None:
-    from harness.targets.impl import ImplTarget
+    from kvspec.harness.targets.impl import ImplTarget
 
     stats = machine_run(family, ImplTarget, "impl", examples=10, seed=3, shrink_seconds=5)
     assert stats.examples > 0

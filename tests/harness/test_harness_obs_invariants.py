@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from harness.check.obs_invariants import EventLedger, ObsContext, check_observation
-from harness.core import ops as O
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
+from kvspec.harness.check.obs_invariants import EventLedger, ObsContext, check_observation
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_event_ledger_detects_a_missing_event(running):
 def test_event_ledger_names_a_concatenated_key_by_its_last_fine_hash():
     """vLLM 0.23 keys a block of a group two hash blocks wide on both fine hashes concatenated, and its
     int events carry the last one's low 64 bits (spec.hashing.get_published_hash): the replay matches."""
-    from spec.releases.line import profile_for
+    from kvspec.spec.releases.line import profile_for
 
     config = KVCacheConfig(16, (full_attention(4), full_attention(8)), 32, enable_kv_cache_events=True)
     t = SpecTarget()

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.lockstep import Finding
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.mutants.spec import make_mutant
-from harness.targets.spec import SpecTarget
-from harness.traces.reduce import reduce_trace, run_ops, same_finding
-from harness.traces.trace import read_trace
+from kvspec.harness.check.lockstep import Finding
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.mutants.spec import make_mutant
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.traces.reduce import reduce_trace, run_ops, same_finding
+from kvspec.harness.traces.trace import read_trace
 
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 
@@ -67,12 +67,12 @@ def test_same_finding_tells_findings_apart():
 def test_a_finding_of_the_spec_itself_is_reduced_too():
     """``kvspec mutants``' ``self`` mode: the spec carries the bug, so the spec against itself breaks
     the invariant at the failing step too; the reduction still cuts the unrelated requests."""
-    from harness.mutants.spec import patched_spec
+    from kvspec.harness.mutants.spec import patched_spec
 
     trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
     noise = [O.AddRequest("noise", (3, 3, 3)), O.GetComputedBlocks("noise"), O.SetStatus("noise", "RUNNING")]
     ops = noise + list(trace.ops)
-    with patched_spec("free_order_appended", keep=("spec.invariants",)):
+    with patched_spec("free_order_appended", keep=("kvspec.spec.invariants",)):
         found, _ = run_ops(trace.config, ops, SpecTarget, CheckSettings(relation=trace.relation))
         assert found is not None and found.kind == "reference-invariant"
         red = reduce_trace(trace.config, ops, found, SpecTarget, CheckSettings(relation=trace.relation), seconds=20)
@@ -84,11 +84,11 @@ def test_a_finding_of_the_spec_itself_is_reduced_too():
 def test_the_spec_exception_is_only_for_its_own_finding():
     """The exception is for the finding being reduced, a ``reference-invariant`` one, at the last
     operation: a target's finding is never reduced to a trace the spec itself rejects."""
-    from harness.mutants.spec import patched_spec
-    from harness.traces.reduce import is_valid_trace
+    from kvspec.harness.mutants.spec import patched_spec
+    from kvspec.harness.traces.reduce import is_valid_trace
 
     trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
-    with patched_spec("free_order_appended", keep=("spec.invariants",)):
+    with patched_spec("free_order_appended", keep=("kvspec.spec.invariants",)):
         found, steps = run_ops(trace.config, trace.ops, SpecTarget, CheckSettings(relation=trace.relation))
         assert found is not None and found.kind == "reference-invariant"
         ops = [op for op, _ in steps]
@@ -102,7 +102,7 @@ def test_the_spec_exception_is_only_for_its_own_finding():
 def test_a_target_kind_of_finding_the_spec_shares_is_an_invalid_trace(monkeypatch):
     """Only a ``reference-invariant`` finding may be the spec's own: when the spec against itself
     also ends in, say, the same KV-ledger finding, the trace is bad input, not a reduction."""
-    import harness.traces.reduce as R
+    import kvspec.harness.traces.reduce as R
 
     trace = read_trace(CORPUS[0])
     ops = list(trace.ops)

@@ -3,12 +3,12 @@
 import subprocess
 import sys
 
-from harness.cli import main
-from harness.core import ops as O
-from harness.core.ops_json import op_to_json
-from harness.traces.report import draw_token_layout, write_report
-from harness.traces.trace import Trace, read_trace
-from spec.config import KVCacheConfig, full_attention
+from kvspec.harness.cli import main
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.ops_json import op_to_json
+from kvspec.harness.traces.report import draw_token_layout, write_report
+from kvspec.harness.traces.trace import Trace, read_trace
+from kvspec.spec.config import KVCacheConfig, full_attention
 
 
 def _finding_trace() -> Trace:

@@ -5,8 +5,8 @@ must only emit call sequences a real vLLM 0.33 scheduler makes)."""
 
 import pytest
 
-from harness.targets.spec import SpecTarget
-from harness.world.families import FAMILIES
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.world.families import FAMILIES
 
 pytestmark = pytest.mark.statemachine
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.core import ops as O
-from harness.core.strict_json import TraceFormatError
-from harness.traces.trace import Trace, dumps_trace, read_trace, trace_from_json, trace_to_json
-from spec.config import KVCacheConfig, full_attention, sliding_window
+from kvspec.harness.cli import main
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.strict_json import TraceFormatError
+from kvspec.harness.traces.trace import Trace, dumps_trace, read_trace, trace_from_json, trace_to_json
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
 
 
 def _trace() -> Trace:

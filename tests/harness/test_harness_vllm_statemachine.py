@@ -2,15 +2,15 @@
 
 import pytest
 
-from harness.run.catalogue import resolve
-from harness.world.families import FAMILIES
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.world.families import FAMILIES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.statemachine]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vllm_matches_spec(family, machine_run):
-    from harness.targets import TargetLoadError
+    from kvspec.harness.targets import TargetLoadError
 
     try:
         factory = resolve("vllm").factory

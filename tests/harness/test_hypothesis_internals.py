@@ -16,7 +16,7 @@ from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from harness.check.hypothesis_run import (
+from kvspec.harness.check.hypothesis_run import (
     HYPOTHESIS_VERSION,
     SLOW_SHRINKING_WARNING,
     cap_shrinking,

@@ -1,4 +1,4 @@
-"""The options of a fuzz run (``harness.run.options``): one frozen ``FuzzOptions``, built once, the
+"""The options of a fuzz run (``kvspec.harness.run.options``): one frozen ``FuzzOptions``, built once, the
 same from every entry point, and every bad value a ``UsageError`` naming the option (exit 2)."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import pickle
 
 import pytest
 
-import harness.cli
-import harness.run.fuzzing
-import harness.run.workers
-from harness.bench.workers import measure
-from harness.campaign import builtin_entries, run_entry
-from harness.check.settings import CheckSettings
-from harness.cli import _parser, main
-from harness.run import pytest_plugin
-from harness.run.fuzzing import FuzzResult
-from harness.run.options import FuzzOptions, MutantsOptions, UsageError, from_environ
+import kvspec.harness.cli
+import kvspec.harness.run.fuzzing
+import kvspec.harness.run.workers
+from kvspec.harness.bench.workers import measure
+from kvspec.harness.campaign import builtin_entries, run_entry
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.cli import _parser, main
+from kvspec.harness.run import pytest_plugin
+from kvspec.harness.run.fuzzing import FuzzResult
+from kvspec.harness.run.options import FuzzOptions, MutantsOptions, UsageError, from_environ
 
 BUG = "mutant:hit_cap_num_tokens"
 
@@ -100,7 +100,9 @@ def test_the_pytest_plugin_builds_the_cli_options(tmp_path):
 @pytest.mark.parametrize("mode", ["exact", "self"])
 def test_a_campaign_row_runs_the_cli_options(monkeypatch, tmp_path, mode):
     seen = []
-    monkeypatch.setattr(harness.run.fuzzing, "run_fuzz", lambda opts, *a, **kw: seen.append(opts) or FuzzResult())
+    monkeypatch.setattr(
+        kvspec.harness.run.fuzzing, "run_fuzz", lambda opts, *a, **kw: seen.append(opts) or FuzzResult()
+    )
     out = str(tmp_path / "m")
     ns = _parser().parse_args(["mutants", "--seconds", "5", "--seed", "3", "--batch", "7", "--out", out])
     entry = next(e for e in builtin_entries(with_vllm=False) if e.origin == "spec" and e.mode == mode)
@@ -121,7 +123,7 @@ def test_the_workers_benchmark_runs_the_cli_options(monkeypatch):
         seen.append(opts)
         return FuzzResult(elapsed=1.0)
 
-    monkeypatch.setattr(harness.run.workers, "fuzz_workers", fuzz_workers)
+    monkeypatch.setattr(kvspec.harness.run.workers, "fuzz_workers", fuzz_workers)
     measure("spec", "full", 3.0, 2, seed=5)
     (opts,) = seen
     assert "kvspec-bench-db-" in opts.db and "KVSPEC_DB" not in os.environ  # passed in the options
@@ -178,7 +180,7 @@ def no_fuzzing(monkeypatch):
     def fuzz(opts):
         raise AssertionError(f"fuzzing started with {opts}")
 
-    monkeypatch.setattr(harness.cli, "fuzz", fuzz)
+    monkeypatch.setattr(kvspec.harness.cli, "fuzz", fuzz)
 
 
 def expect_usage_error(argv, option, fragment, capsys):
@@ -214,7 +216,7 @@ def test_an_unwritable_out_is_a_usage_error(no_fuzzing, monkeypatch, capsys):
     ],
 )
 def test_bad_mutants_options_are_usage_errors(monkeypatch, capsys, argv, message):
-    monkeypatch.setattr("harness.campaign.mutants_cmd", lambda opts: pytest.fail("the campaign started"))
+    monkeypatch.setattr("kvspec.harness.campaign.mutants_cmd", lambda opts: pytest.fail("the campaign started"))
     with pytest.raises(UsageError, match=message):
         MutantsOptions.from_namespace(_parser().parse_args(["mutants", *argv]))
     assert main(["mutants", *argv]) == 2

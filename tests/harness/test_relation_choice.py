@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from examples.my_manager import TinyTarget
-from harness.run.catalogue import CatalogueEntry, resolve
-from harness.run.options import UsageError
-from harness.run.relation_choice import choose_relation
-from harness.targets.spec import SpecTarget
+from kvspec.harness.run.catalogue import CatalogueEntry, resolve
+from kvspec.harness.run.options import UsageError
+from kvspec.harness.run.relation_choice import choose_relation
+from kvspec.harness.targets.spec import SpecTarget
 
 EXAMPLE = "examples.my_manager:make_target"
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def kvspec(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("KVSPEC_DB", None)
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=120
+        [sys.executable, "-m", "kvspec.harness", *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=120
     )
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
-from harness.core.target_names import is_user_target
-from harness.run.catalogue import resolve
-from harness.targets import TargetLoadError
+from kvspec.harness.cli import main
+from kvspec.harness.core.target_names import is_user_target
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.targets import TargetLoadError
 
 CORPUS = Path(__file__).parents[1] / "corpus"
 FULL = CORPUS / "cache_drafts.json"  # one full-attention group
@@ -178,7 +178,7 @@ def test_only_user_targets_name_code() -> None:
     looked up in the catalogue, and one it does not hold is refused without importing anything."""
     for name in ("spec", "impl", "vllm", "vllm-fixed", "vllm-scheduler", "mutant:cache_drafts", "mutant:x"):
         assert not is_user_target(name), name
-    for name in ("sys:exit", "os:abort", "mypkg.adapter:make_target", "spec:x", "harness.targets:x"):
+    for name in ("sys:exit", "os:abort", "mypkg.adapter:make_target", "spec:x", "kvspec.harness.targets:x"):
         assert is_user_target(name), name
     for name in ("", "SPEC", "vllmish"):
         with pytest.raises(TargetLoadError, match="unknown target"):

@@ -13,15 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.check.finding import Finding
-from harness.check.machine import KVMachine, RunStats, ShrinkStalled, _record_finding
-from harness.cli import main
-from harness.core import ops as O
-from harness.run.catalogue import resolve
-from harness.traces.replay import replay
-from harness.traces.trace import Trace, read_trace
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import Finding
+from kvspec.harness.check.machine import KVMachine, RunStats, ShrinkStalled, _record_finding
+from kvspec.harness.cli import main
+from kvspec.harness.core import ops as O
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.traces.replay import replay
+from kvspec.harness.traces.trace import Trace, read_trace
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 
 CONFIG = KVCacheConfig(BlockCount(8), (full_attention(4),), TokenCount(64))
 BUG = ["--target", "mutant:hit_cap_num_tokens", "--family", "full", "--seed", "3"]
@@ -89,7 +89,12 @@ def test_stall_reports_the_shortest_trace_reduced(tmp_path, capsys):
 def _replays_to_its_finding(trace: Trace) -> bool:
     """The report's trace, replayed, ends in the finding it records (kind and step)."""
     got = replay(trace, resolve(trace.target_name).factory).finding
-    return got is not None and trace.finding is not None and (got.kind, got.step) == (
-        trace.finding["kind"],
-        trace.finding["step"],
+    return (
+        got is not None
+        and trace.finding is not None
+        and (got.kind, got.step)
+        == (
+            trace.finding["kind"],
+            trace.finding["step"],
+        )
     )

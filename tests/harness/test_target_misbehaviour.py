@@ -22,16 +22,16 @@ from typing import Any
 
 import pytest
 
-from harness.check.finding import FindingError
-from harness.check.lockstep import Lockstep
-from harness.check.memory_guard import CHECK_EVERY
-from harness.check.settings import CheckSettings
-from harness.cli import main
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import FindingError
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.memory_guard import CHECK_EVERY
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.cli import main
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 
 RELATIONS = ("exact", "outcomes", "invariants")
 CONFIG = KVCacheConfig(BlockCount(16), (full_attention(4),), TokenCount(64), enable_kv_cache_events=True)
@@ -186,8 +186,8 @@ def test_a_malformed_first_observation_is_a_setup_finding() -> None:
 
 
 HOSTILE_MODULE = """
-from harness.targets.spec import SpecTarget
-from harness.core import ops as O
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.core import ops as O
 
 
 class NoHitCount(SpecTarget):
@@ -296,7 +296,7 @@ def test_a_leak_past_the_bound_is_a_finding() -> None:
 def test_the_bound_is_passed_in_and_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bound is a field of the checks the lockstep is given; the variable is read at the edges only
     (``harness.run.options.from_environ``), so setting it does nothing to a lockstep built without it."""
-    from harness.run.options import from_environ
+    from kvspec.harness.run.options import from_environ
 
     monkeypatch.setenv("KVSPEC_TARGET_MEMORY_MB", "8")
     _run(Leaky(), "exact", LONG_OPS)  # no bound passed: no finding

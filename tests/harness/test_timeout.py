@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness.check.timeout import WATCHDOG, StepTimeout, call_with_timeout
+from kvspec.harness.check.timeout import WATCHDOG, StepTimeout, call_with_timeout
 
 
 def _busy(seconds: float) -> str:

@@ -24,22 +24,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.check.settings import CheckSettings
-from harness.cli import main
-from harness.core import ops as O
-from harness.core.equality import RELATIONS
-from harness.core.ops import OP_TYPES
-from harness.core.ops_json import op_from_json, op_to_json
-from harness.core.strict_json import MAX_NUM_BLOCKS, MAX_TOKENS, TraceFormatError
-from harness.run.catalogue import resolve
-from harness.targets.spec import SpecTarget
-from harness.traces.replay import replay
-from harness.traces.report import render_report
-from harness.traces.trace import MAX_BLOCK_STEPS, Trace, dumps_trace, loads_trace, read_trace, trace_to_json
-from harness.world.workload import run_seeded
-from spec.config import AttentionSpec, KVCacheConfig, full_attention, sliding_window
-from spec.releases.profile import Profile
-from spec.request import RequestStatus
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.cli import main
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.equality import RELATIONS
+from kvspec.harness.core.ops import OP_TYPES
+from kvspec.harness.core.ops_json import op_from_json, op_to_json
+from kvspec.harness.core.strict_json import MAX_NUM_BLOCKS, MAX_TOKENS, TraceFormatError
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.traces.replay import replay
+from kvspec.harness.traces.report import render_report
+from kvspec.harness.traces.trace import MAX_BLOCK_STEPS, Trace, dumps_trace, loads_trace, read_trace, trace_to_json
+from kvspec.harness.world.workload import run_seeded
+from kvspec.spec.config import AttentionSpec, KVCacheConfig, full_attention, sliding_window
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import RequestStatus
 
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 SWA = next(p for p in CORPUS if p.stem == "swa_skip_n_minus_w")  # one sliding-window group, 8 steps

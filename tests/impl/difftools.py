@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.world.workload import run_seeded
-from spec.config import KVCacheConfig
+from kvspec.harness.world.workload import run_seeded
+from kvspec.spec.config import KVCacheConfig
 
 
 class Diverged(Exception):

@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 
-from impl.allocator import (
+from kvspec.impl.allocator import (
     NULL,
     BlockPool,
     ChunkedLocalManager,
@@ -21,7 +21,7 @@ from impl.allocator import (
     SingleTypeManager,
     SlidingWindowManager,
 )
-from impl.hashing import BlockHasher
+from kvspec.impl.hashing import BlockHasher
 
 FULL16 = GroupSpec("full", 16)
 
@@ -241,9 +241,9 @@ def test_hash_chain_is_vllm_sha256_pickle():
 
 def test_predictor_equals_allocator():
     """For every successful allocate_slots, free blocks consumed == the prediction (step 9)."""
-    from harness.targets.impl import ImplTarget
-    from harness.world.workload import run_seeded
-    from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+    from kvspec.harness.targets.impl import ImplTarget
+    from kvspec.harness.world.workload import run_seeded
+    from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
     configs = [
         KVCacheConfig(num_blocks=30, groups=(full_attention(4),), max_model_len=200),
@@ -295,8 +295,8 @@ def test_plain_fast_path_equals_general_path():
     """The full-attention fast path of allocate_slots is observably identical to the general one."""
     from difftools import run_both
 
-    from harness.targets.impl import ImplTarget
-    from spec.config import KVCacheConfig, full_attention
+    from kvspec.harness.targets.impl import ImplTarget
+    from kvspec.spec.config import KVCacheConfig, full_attention
 
     class General(ImplTarget):
         def build(self, config):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from difftools import run_both
 
-from spec.config import KVCacheConfig, chunked_local, cross_attention, full_attention, sliding_window
+from kvspec.spec.config import KVCacheConfig, chunked_local, cross_attention, full_attention, sliding_window
 
 pytestmark = pytest.mark.vllm
 
@@ -46,7 +46,7 @@ CONFIGS = {
 @pytest.fixture(scope="module")
 def vllm_target():
     try:
-        from harness.targets.vllm import VllmTarget, VllmUnavailable
+        from kvspec.harness.targets.vllm import VllmTarget, VllmUnavailable
     except ImportError as e:  # pragma: no cover
         pytest.skip(f"harness.targets.vllm unavailable: {e}")
     try:
@@ -57,7 +57,7 @@ def vllm_target():
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_impl_matches_vllm(vllm_target, family):
-    from harness.targets.impl import ImplTarget
+    from kvspec.harness.targets.impl import ImplTarget
 
     total = 0
     for seed in range(2):

@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ledger_cases import is_known_vllm_trigger  # noqa: E402
 
-from harness.check.settings import CheckSettings
-from harness.ledger.checker import LedgerCheckTarget  # noqa: E402
-from harness.ledger.finding import LedgerMismatch  # noqa: E402
-from harness.mutants.impl import make_mutant_target  # noqa: E402
-from harness.oracle.target import KVCheckTarget, KVMismatch  # noqa: E402
-from harness.run.catalogue import resolve
-from harness.world.workload import run_seeded  # noqa: E402
-from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window  # noqa: E402
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.ledger.checker import LedgerCheckTarget  # noqa: E402
+from kvspec.harness.ledger.finding import LedgerMismatch  # noqa: E402
+from kvspec.harness.mutants.impl import make_mutant_target  # noqa: E402
+from kvspec.harness.oracle.target import KVCheckTarget, KVMismatch  # noqa: E402
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.world.workload import run_seeded  # noqa: E402
+from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window  # noqa: E402
 
 FULL = KVCacheConfig(24, (full_attention(4),), 120)
 SWA = KVCacheConfig(24, (sliding_window(4, 7),), 120)
@@ -92,10 +92,10 @@ def row(name: str, make: Callable[[], Any], config: KVCacheConfig, seeds: int, a
 def cost(target: str, examples: int) -> None:
     import os
 
-    from harness.check.machine import RunStats, make_machine, run_machine
-    from harness.ledger import checker as ledger
-    from harness.run.profiles import profile_settings
-    from harness.world.families import FAMILIES
+    from kvspec.harness.check.machine import RunStats, make_machine, run_machine
+    from kvspec.harness.ledger import checker as ledger
+    from kvspec.harness.run.profiles import profile_settings
+    from kvspec.harness.world.families import FAMILIES
 
     spent = [0.0, 0]
     check = ledger.LedgerChecker.check

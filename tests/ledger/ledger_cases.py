@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core import ops as O
-from harness.ledger.checker import LedgerCheckTarget
-from harness.ledger.finding import LedgerFinding, LedgerMismatch, match_vllm_033_candidate
-from harness.targets.base import Unsupported
-from harness.world.workload import run_seeded
-from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.harness.core import ops as O
+from kvspec.harness.ledger.checker import LedgerCheckTarget
+from kvspec.harness.ledger.finding import LedgerFinding, LedgerMismatch, match_vllm_033_candidate
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.world.workload import run_seeded
+from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
 # --- the three candidate vLLM 0.33 bugs of docs/findings.md, as op sequences -------------------------
 

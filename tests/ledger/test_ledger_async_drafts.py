@@ -15,13 +15,13 @@ from dataclasses import replace
 
 import pytest
 
-from harness.ledger.checker import LedgerCheckTarget
-from harness.ledger.finding import LedgerFinding, LedgerMismatch
-from harness.targets.spec import SpecTarget
-from harness.world.workload import run_seeded
-from spec.config import KVCacheConfig, sliding_window
-from spec.releases.line import profile_for
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.ledger.checker import LedgerCheckTarget
+from kvspec.harness.ledger.finding import LedgerFinding, LedgerMismatch
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.world.workload import run_seeded
+from kvspec.spec.config import KVCacheConfig, sliding_window
+from kvspec.spec.releases.line import profile_for
+from kvspec.spec.types import BlockCount, TokenCount
 
 # The async_sched family's shape: max_in_flight_tokens is twice the scheduler's budget (4 tokens).
 CONFIG = KVCacheConfig(BlockCount(16), (sliding_window(2, 3),), TokenCount(16), max_in_flight_tokens=TokenCount(8))

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from ledger_cases import drive, is_known_vllm_trigger
 
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from harness.world.families import FAMILIES
-from spec.config import KVCacheConfig, chunked_local, cross_attention, full_attention, sliding_window
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.world.families import FAMILIES
+from kvspec.spec.config import KVCacheConfig, chunked_local, cross_attention, full_attention, sliding_window
 
 FULL = KVCacheConfig(24, (full_attention(4),), 120)
 SWA = KVCacheConfig(24, (sliding_window(4, 7),), 120)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.ledger.known_bugs import KNOWN_BUGS, get_known_bug, match_known_bug
-from spec.hashing import HashFeatures, MMFeature
-from spec.kv_ledger import IdentityTrie, SequenceIdentities
+from kvspec.harness.ledger.known_bugs import KNOWN_BUGS, get_known_bug, match_known_bug
+from kvspec.spec.hashing import HashFeatures, MMFeature
+from kvspec.spec.kv_ledger import IdentityTrie, SequenceIdentities
 
 TOKENS = [1, 2, 3, 1]
 

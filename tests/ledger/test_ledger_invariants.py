@@ -15,14 +15,14 @@ from ledger_cases import (
     replay_ops,
 )
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.mutants.impl import make_mutant_target
-from harness.run.catalogue import resolve
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, cross_attention, full_attention
-from spec.kv_ledger import LEDGER_INVARIANTS
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.mutants.impl import make_mutant_target
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, cross_attention, full_attention
+from kvspec.spec.kv_ledger import LEDGER_INVARIANTS
 
 FULL4 = KVCacheConfig(10, (full_attention(4),), 16)
 

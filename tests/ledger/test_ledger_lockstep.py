@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 from ledger_cases import CANDIDATES, FULL_LOAD, FULL_LOAD_OPS
 
-from harness.check.lockstep import FindingError, Lockstep
-from harness.check.settings import CheckSettings
-from harness.cli import _parser
-from harness.ledger.finding import match_vllm_033_candidate
-from harness.run.options import FuzzOptions
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from harness.traces.replay import replay
-from harness.traces.report import render_report, write_report
-from harness.traces.trace import Trace, read_trace
+from kvspec.harness.check.lockstep import FindingError, Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.cli import _parser
+from kvspec.harness.ledger.finding import match_vllm_033_candidate
+from kvspec.harness.run.options import FuzzOptions
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.traces.replay import replay
+from kvspec.harness.traces.report import render_report, write_report
+from kvspec.harness.traces.trace import Trace, read_trace
 
 
 def run_lockstep(ops, config, target, **kw):

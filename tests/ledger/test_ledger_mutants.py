@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from ledger_cases import DriveResult, drive, is_known_vllm_trigger
 
-from harness.mutants.impl import MUTANTS, make_mutant_target
-from harness.targets.impl import ImplTarget
-from spec.config import KVCacheConfig, full_attention, sliding_window
+from kvspec.harness.mutants.impl import MUTANTS, make_mutant_target
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
 
 ACTIONS = 300
 MAX_SEEDS = 4

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from ledger_cases import replay_ops
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.ledger.schedule import get_fresh_blocks
-from harness.oracle.target import KVCheckTarget
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.ledger.schedule import get_fresh_blocks
+from kvspec.harness.oracle.target import KVCheckTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
 
 ASYNC = KVCacheConfig(10, (full_attention(2),), 16, max_in_flight_tokens=4)
 ASYNC_OPS = [

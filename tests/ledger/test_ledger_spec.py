@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spec.config import chunked_local, cross_attention, full_attention, sliding_window
-from spec.hashing import NO_FEATURES, HashFeatures, MMFeature
-from spec.kv_ledger import (
+from kvspec.spec.config import chunked_local, cross_attention, full_attention, sliding_window
+from kvspec.spec.hashing import NO_FEATURES, HashFeatures, MMFeature
+from kvspec.spec.kv_ledger import (
     LEDGER_INVARIANTS,
     IdentityTrie,
     KVLedger,
@@ -25,7 +25,7 @@ from spec.kv_ledger import (
     get_run_span,
     write_slot,
 )
-from spec.types import BlockId
+from kvspec.spec.types import BlockId
 
 SEMANTICS = Path(__file__).resolve().parents[2] / "docs" / "semantics.md"
 

@@ -19,11 +19,11 @@ from ledger_cases import (
     replay_ops,
 )
 
-from harness.check.lockstep import FindingError, Lockstep
-from harness.check.settings import CheckSettings
-from harness.run.catalogue import resolve
-from harness.world.families import FAMILIES
-from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.harness.check.lockstep import FindingError, Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.world.families import FAMILIES
+from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
 pytestmark = pytest.mark.vllm
 
@@ -45,7 +45,7 @@ CLEAN = {
 
 @pytest.fixture(scope="module")
 def vllm_factory():
-    from harness.targets import TargetLoadError
+    from kvspec.harness.targets import TargetLoadError
 
     try:
         return resolve("vllm").factory
@@ -123,7 +123,7 @@ def _run(target, config, ops, relation):
     "config, ops", [(FULL_LOAD, FULL_LOAD_OPS), (SWA_LOAD, SWA_LOAD_OPS)], ids=["chunked", "window"]
 )
 def test_k1_fix_removes_the_null_read_and_still_releases_the_window(vllm_factory, config, ops):
-    from harness.mutants.fixes_vllm import FixedVllmTarget
+    from kvspec.harness.mutants.fixes_vllm import FixedVllmTarget
 
     with pytest.raises(FindingError) as e:  # control: vLLM 0.33 as released
         _run(vllm_factory(), config, ops, "invariants")
@@ -134,8 +134,8 @@ def test_k1_fix_removes_the_null_read_and_still_releases_the_window(vllm_factory
 
 
 def test_k3_fix_refuses_the_config(vllm_factory):
-    from harness.mutants.fixes_vllm import FixedVllmTarget
-    from harness.targets.base import Unsupported
+    from kvspec.harness.mutants.fixes_vllm import FixedVllmTarget
+    from kvspec.harness.targets.base import Unsupported
 
     with pytest.raises(Unsupported, match="not a multiple"):
         FixedVllmTarget().reset(CHUNKED)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.mutants.spec import MUTANTS, make_mutant
+from kvspec.harness.mutants.spec import MUTANTS, make_mutant
 
 pytestmark = pytest.mark.mutant
 
@@ -17,7 +17,7 @@ def test_mutant_is_reported(name, machine_run):
 
 def test_spec_itself_is_not_reported_in_the_mutant_families(machine_run):
     """The control: the same runs against the unmutated spec find nothing."""
-    from harness.targets.spec import SpecTarget
+    from kvspec.harness.targets.spec import SpecTarget
 
     for family in sorted({m.family for m in MUTANTS.values()}):
         machine_run(family, SpecTarget, "spec", examples=10, seed=11, shrink_seconds=5)

@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from harness.campaign import builtin_entries
-from harness.core.equality import RELATIONS
-from harness.drivers.lockstep import LockstepDriver
-from harness.mutants import impl, invariants, spec, vllm, vllm_scheduler
-from harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
-from harness.mutants.registry import all_mutants, find_mutant
-from harness.run.catalogue import resolve
-from harness.targets import TargetLoadError
-from harness.vllm_sched.driver import SCHED_FAMILIES
-from harness.world.families import FAMILIES
-from spec.invariants import SPEC_INVARIANTS
-from spec.kv_ledger import LEDGER_INVARIANTS
+from kvspec.harness.campaign import builtin_entries
+from kvspec.harness.core.equality import RELATIONS
+from kvspec.harness.drivers.lockstep import LockstepDriver
+from kvspec.harness.mutants import impl, invariants, spec, vllm, vllm_scheduler
+from kvspec.harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
+from kvspec.harness.mutants.registry import all_mutants, find_mutant
+from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.targets import TargetLoadError
+from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES
+from kvspec.harness.world.families import FAMILIES
+from kvspec.spec.invariants import SPEC_INVARIANTS
+from kvspec.spec.kv_ledger import LEDGER_INVARIANTS
 
 CATALOGUES = {
     "spec": (spec.MUTANTS, "spec"),

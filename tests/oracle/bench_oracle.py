@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from configs_oracle import ALL, FAMILIES  # noqa: E402
 from oracle_drive import drive  # noqa: E402
 
-from harness.mutants.impl import MUTANTS, make_mutant_target  # noqa: E402
-from harness.oracle.target import KVCheckTarget  # noqa: E402
-from harness.targets.impl import ImplTarget  # noqa: E402
+from kvspec.harness.mutants.impl import MUTANTS, make_mutant_target  # noqa: E402
+from kvspec.harness.oracle.target import KVCheckTarget  # noqa: E402
+from kvspec.harness.targets.impl import ImplTarget  # noqa: E402
 
 
 def cost(seeds: int, actions: int) -> None:

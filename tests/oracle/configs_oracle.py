@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.config import KVCacheConfig, chunked_local, full_attention, sliding_window
 
 FAMILIES: dict[str, list[KVCacheConfig]] = {
     "full": [

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.oracle.target import KVFinding, KVMismatch
-from harness.targets.base import Unsupported
-from harness.world.workload import run_seeded
-from spec.config import KVCacheConfig
+from kvspec.harness.oracle.target import KVFinding, KVMismatch
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.world.workload import run_seeded
+from kvspec.spec.config import KVCacheConfig
 
 
 @dataclass

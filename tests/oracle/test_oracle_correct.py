@@ -15,14 +15,14 @@ import torch
 from configs_oracle import ALL, FAMILIES
 from oracle_drive import drive
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.oracle.target import KVCheckTarget, dense_reference
-from harness.targets.base import Target, Unsupported
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from impl.model import LayerSpec, ModelConfig, TinyTransformer
-from spec.config import KVCacheConfig, cross_attention, full_attention
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.oracle.target import KVCheckTarget, dense_reference
+from kvspec.harness.targets.base import Target, Unsupported
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer
+from kvspec.spec.config import KVCacheConfig, cross_attention, full_attention
 
 ACTIONS = 200
 
@@ -125,7 +125,7 @@ def test_lora_and_multimodal_change_the_numbers():
 
 
 def test_finding_renders_as_json_and_markdown():
-    from harness.mutants.impl import make_mutant_target
+    from kvspec.harness.mutants.impl import make_mutant_target
 
     config = FAMILIES["sliding_window"][0]
     r = drive(KVCheckTarget(make_mutant_target("window_off_by_one"), device="cpu"), config, 0, ACTIONS)

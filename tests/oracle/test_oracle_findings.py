@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core import ops as O
-from harness.oracle.target import KVCheckTarget, KVMismatch
-from harness.targets.impl import ImplTarget
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, chunked_local, sliding_window
+from kvspec.harness.core import ops as O
+from kvspec.harness.oracle.target import KVCheckTarget, KVMismatch
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, chunked_local, sliding_window
 
 CHUNKED = KVCacheConfig(20, (chunked_local(2, 5),), 40)
 CHUNKED_OPS = [

@@ -13,10 +13,10 @@ import pytest
 from configs_oracle import FAMILIES
 from oracle_drive import TraceResult, drive
 
-from harness.mutants.impl import MUTANTS, make_mutant_target
-from harness.oracle.target import KVCheckTarget
-from harness.targets.impl import ImplTarget
-from spec.config import KVCacheConfig
+from kvspec.harness.mutants.impl import MUTANTS, make_mutant_target
+from kvspec.harness.oracle.target import KVCheckTarget
+from kvspec.harness.targets.impl import ImplTarget
+from kvspec.spec.config import KVCacheConfig
 
 ACTIONS = 300
 MAX_SEEDS = 8

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.mutants.impl import make_mutant_target
-from harness.oracle.target import KVCheckTarget, KVMismatch
-from spec.config import KVCacheConfig, full_attention
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.mutants.impl import make_mutant_target
+from kvspec.harness.oracle.target import KVCheckTarget, KVMismatch
+from kvspec.spec.config import KVCacheConfig, full_attention
 
 A = tuple(range(10, 20))  # 10 tokens: blocks of 4 -> 2 full blocks + 2 tokens
 B = A[:8] + (40, 41, 42)  # shares A's two full blocks

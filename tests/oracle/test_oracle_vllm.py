@@ -7,7 +7,7 @@ from configs_oracle import FAMILIES
 from oracle_drive import drive
 from test_oracle_findings import CHUNKED, CHUNKED_OPS, SWA, SWA_OPS, replay
 
-from harness.oracle.target import KVCheckTarget
+from kvspec.harness.oracle.target import KVCheckTarget
 
 pytestmark = pytest.mark.vllm
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def vllm_factory():
     try:
-        from harness.targets.vllm import VllmTarget, VllmUnavailable
+        from kvspec.harness.targets.vllm import VllmTarget, VllmUnavailable
     except ImportError as e:  # pragma: no cover
         pytest.skip(f"harness.targets.vllm unavailable: {e}")
     try:

@@ -3,9 +3,9 @@ design unbroken (harness/pd/scenarios.py); every rule in the registry is covered
 
 import pytest
 
-from harness.pd.designs import BUGS, resolve_design
-from harness.pd.invariants import PD_INVARIANTS
-from harness.pd.scenarios import SCENARIOS, play
+from kvspec.harness.pd.designs import BUGS, resolve_design
+from kvspec.harness.pd.invariants import PD_INVARIANTS
+from kvspec.harness.pd.scenarios import SCENARIOS, play
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -4,8 +4,8 @@
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL
-from harness.pd.machine import make_pd_machine, run_pd_machine
+from kvspec.harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL
+from kvspec.harness.pd.machine import make_pd_machine, run_pd_machine
 
 pytestmark = pytest.mark.statemachine
 
@@ -53,7 +53,7 @@ def test_fuzzer_finds_a_bug_from_scratch(bug):
 @pytest.mark.parametrize("design", [BASELINE, PROPOSAL], ids=lambda d: d.name)
 def test_real_vllm_managers_agree(design):
     pytest.importorskip("vllm")
-    from harness.pd.mirror import Mirror
+    from kvspec.harness.pd.mirror import Mirror
 
     finding = fuzz(design, 12, mirror=Mirror)
     assert finding is None, f"{finding}\n" + "\n".join(finding.trace)
@@ -62,7 +62,7 @@ def test_real_vllm_managers_agree(design):
 @pytest.mark.vllm
 def test_scenarios_on_real_vllm():
     pytest.importorskip("vllm")
-    from harness.pd.check import replay_scenarios
-    from harness.pd.mirror import Mirror
+    from kvspec.harness.pd.check import replay_scenarios
+    from kvspec.harness.pd.mirror import Mirror
 
     assert replay_scenarios(Mirror) == 0

@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
-from harness.pd import cluster, router
-from harness.pd.designs import AS_WRITTEN, BASELINE, PROPOSAL
-from harness.pd.instance import make_config
-from harness.pd.invariants import check_pd_invariants
-from harness.pd.state import ClusterState
-from harness.pd.types import Options
-from spec.types import RequestId
+from kvspec.harness.pd import cluster, router
+from kvspec.harness.pd.designs import AS_WRITTEN, BASELINE, PROPOSAL
+from kvspec.harness.pd.instance import make_config
+from kvspec.harness.pd.invariants import check_pd_invariants
+from kvspec.harness.pd.state import ClusterState
+from kvspec.harness.pd.types import Options
+from kvspec.spec.types import RequestId
 
 R0 = (1, 2, 3, 1, 2, 3, 1, 2, 3, 1)
 
@@ -96,7 +96,7 @@ def test_prefill_failure_is_fenced_and_released():
 
 def test_time_out_revokes_and_falls_back_to_pull():
     """A lease shorter than the prefill: D revokes, P acknowledges, the router falls back to pull."""
-    from harness.pd.types import Timing
+    from kvspec.harness.pd.types import Timing
 
     s = cluster.init_cluster(PROPOSAL, Options(timing=Timing(lease=1)), make_config(12, 4, 64), make_config(12, 4, 64))
     s = router.submit(s, RequestId("r0"), R0, 1)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from harness.pd.sim import inputs as X
-from harness.pd.sim.experiment import WORKLOADS, run_point
-from harness.pd.sim.model import PROTOCOLS
+from kvspec.harness.pd.sim import inputs as X
+from kvspec.harness.pd.sim.experiment import WORKLOADS, run_point
+from kvspec.harness.pd.sim.model import PROTOCOLS
 
 COSTS = X.ManagerCosts(None)
 
@@ -47,7 +47,7 @@ def test_manager_costs_interpolate():
 
 
 def test_simulate_command(tmp_path):
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     rc = main(
         [
@@ -80,7 +80,7 @@ def test_simulate_command(tmp_path):
 
 def test_figures(tmp_path):
     pytest.importorskip("matplotlib")
-    from harness.pd.sim.figures import draw_all
+    from kvspec.harness.pd.sim.figures import draw_all
 
     points = [run_point(WORKLOADS["chat"], p, load, 30, 1, COSTS) for p in PROTOCOLS for load in (0.3, 0.6)]
     assert {p.name for p in draw_all(points, tmp_path)} == {"pd-ttft.png", "pd-slo.png", "pd-held.png"}
@@ -88,7 +88,7 @@ def test_figures(tmp_path):
 
 def test_interval_is_students_t():
     """Known values: n = 10 samples 0..9: mean 4.5, sd 3.0277, t(9) = 2.262 -> half-width 2.166."""
-    from harness.pd.sim.stats import interval
+    from kvspec.harness.pd.sim.stats import interval
 
     mean, hw = interval([float(x) for x in range(10)])
     assert mean == 4.5 and abs(hw - 2.262 * 3.0276503540974917 / 10**0.5) < 1e-9
@@ -102,7 +102,7 @@ def test_slo_metrics_and_published_shapes():
     import random
     import statistics
 
-    from harness.pd.sim.inputs import sample_lengths
+    from kvspec.harness.pd.sim.inputs import sample_lengths
 
     w = WORKLOADS["splitwise-conv"]
     rng = random.Random(5)
@@ -114,7 +114,7 @@ def test_slo_metrics_and_published_shapes():
 
 
 def test_check_command_exit_codes(tmp_path):
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     assert main(["pd", "check", "--scenarios"]) == 0
     assert main(["pd", "check", "--design", "proposal", "--seconds", "2", "--batch", "10", "--out", str(tmp_path)]) == 0

@@ -6,12 +6,12 @@ from collections import deque
 
 import pytest
 
-from harness.pd.cli import main
-from harness.pd.mc.designs import MC_BUGS, MC_DESIGNS, expected_rule, resolve_mc_design
-from harness.pd.mc.model import Bounds
-from harness.pd.mc.moves import successors
-from harness.pd.mc.search import explore, is_goal
-from harness.pd.mc.state import Symmetry, init_state
+from kvspec.harness.pd.cli import main
+from kvspec.harness.pd.mc.designs import MC_BUGS, MC_DESIGNS, expected_rule, resolve_mc_design
+from kvspec.harness.pd.mc.model import Bounds
+from kvspec.harness.pd.mc.moves import successors
+from kvspec.harness.pd.mc.search import explore, is_goal
+from kvspec.harness.pd.mc.state import Symmetry, init_state
 
 SMALL = Bounds(requests=1, decoders=1, blocks=1, loss=1, dup=0, crash=1)
 
@@ -59,7 +59,7 @@ def test_search_matches_brute_force_on_passing_designs(name):
 def test_brute_force_catches_an_unsound_renaming(monkeypatch):
     """The deliberate bug for the comparison above: a renaming that forgets to rename P's revoke
     tombstones merges states that differ, and the counts no longer match."""
-    from harness.pd.mc import state as st
+    from kvspec.harness.pd.mc import state as st
 
     design, bounds = MC_DESIGNS["proposal"], Bounds(requests=1, decoders=2, blocks=1, loss=0, dup=0, crash=1)
     seen, _, _ = brute_force(design, bounds)

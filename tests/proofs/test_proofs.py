@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import z3
 
-from harness.proofs import COUNTEREXAMPLE, PROVEN, REFUTED, all_claims, run_claim, windows
-from harness.proofs import coverage_failures as cov
-from harness.proofs import keys as key_claims
-from harness.proofs import pool as pool_claims
-from spec import arith, block_pool, coordinator, hashing, types
-from spec.types import NULL_BLOCK_ID
+from kvspec.harness.proofs import COUNTEREXAMPLE, PROVEN, REFUTED, all_claims, run_claim, windows
+from kvspec.harness.proofs import coverage_failures as cov
+from kvspec.harness.proofs import keys as key_claims
+from kvspec.harness.proofs import pool as pool_claims
+from kvspec.spec import arith, block_pool, coordinator, hashing, types
+from kvspec.spec.types import NULL_BLOCK_ID
 
 pytestmark = pytest.mark.proof
 

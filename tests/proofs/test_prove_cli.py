@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import harness.proofs as proofs
-from harness.proofs import UNKNOWN, Claim, Outcome, prove_main
-from harness.traces.trace import read_trace
-from spec import arith
+import kvspec.harness.proofs as proofs
+from kvspec.harness.proofs import UNKNOWN, Claim, Outcome, prove_main
+from kvspec.harness.traces.trace import read_trace
+from kvspec.spec import arith
 
 pytestmark = pytest.mark.proof
 
@@ -59,7 +59,7 @@ def test_counterexample_exits_1_and_writes_a_replayable_trace(
 def test_solver_unknown_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
     stuck = Claim("stuck.claim", "never decided", (), lambda t: Outcome(UNKNOWN, detail="timeout"))
     monkeypatch.setattr(proofs, "all_claims", lambda: [stuck])
-    monkeypatch.setattr("harness.proofs.cli.all_claims", lambda: [stuck])
+    monkeypatch.setattr("kvspec.harness.proofs.cli.all_claims", lambda: [stuck])
     assert prove_main([]) == 2
 
 

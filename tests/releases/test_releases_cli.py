@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from harness.cli import main
-from harness.releases.cli import render_list
-from harness.traces.trace import trace_from_json
-from spec.releases.line import RELEASES
+from kvspec.harness.cli import main
+from kvspec.harness.releases.cli import render_list
+from kvspec.harness.traces.trace import trace_from_json
+from kvspec.spec.releases.line import RELEASES
 
 
 def test_the_list_names_every_release_and_the_installed_one(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spec.releases.line import CHANGES, RELEASES
+from kvspec.spec.releases.line import CHANGES, RELEASES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "releases.md"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from harness.run.options import from_environ
-from harness.targets.vllm_observe import Reader
-from harness.targets.vllm_release import (
+from kvspec.harness.run.options import from_environ
+from kvspec.harness.targets.vllm_observe import Reader
+from kvspec.harness.targets.vllm_release import (
     ANY,
     ASSUME_ENV,
     ReleaseMismatch,
@@ -21,9 +21,9 @@ from harness.targets.vllm_release import (
     seed_none_hash,
     split_computed,
 )
-from spec.hashing import get_hash_fn, get_none_hash
-from spec.releases.line import UnknownRelease, profile_for
-from spec.request import PROCESS_HASH_SEED
+from kvspec.spec.hashing import get_hash_fn, get_none_hash
+from kvspec.spec.releases.line import UnknownRelease, profile_for
+from kvspec.spec.request import PROCESS_HASH_SEED
 
 
 @dataclass(slots=True)

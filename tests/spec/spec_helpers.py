@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from spec.config import KVCacheConfig
-from spec.kv_cache_manager import ComputedBlocks, allocate_slots, get_computed_blocks
-from spec.releases.profile import Profile
-from spec.request import Request, RequestStatus, make_request, with_num_computed_tokens, with_status
-from spec.state import KVCacheManagerState
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.kv_cache_manager import ComputedBlocks, allocate_slots, get_computed_blocks
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import Request, RequestStatus, make_request, with_num_computed_tokens, with_status
+from kvspec.spec.state import KVCacheManagerState
 
 
 def config(groups, num_blocks, max_model_len=8192, **kw) -> KVCacheConfig:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from spec import block_pool as bp
-from spec.events import AllBlocksCleared, BlockRemoved, BlockStored
-from spec.releases.line import FREE_ORDER_0_20
-from spec.types import BlockHash, BlockId, GroupId, make_block_key
+from kvspec.spec import block_pool as bp
+from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.types import BlockHash, BlockId, GroupId, make_block_key
 
 H = [BlockHash(bytes([i]) * 32) for i in range(8)]
 

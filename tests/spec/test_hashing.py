@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spec.hashing import (
+from kvspec.spec.hashing import (
     NO_FEATURES,
     HashFeatures,
     MMFeature,
@@ -22,7 +22,7 @@ from spec.hashing import (
     get_none_hash,
     hash_block_tokens,
 )
-from spec.types import BlockHash
+from kvspec.spec.types import BlockHash
 
 # ---------------------------------------------------------------------------------------------
 # 1. Fixed vectors.  Every hex digest below was produced by the installed vLLM 0.33.0 (not by

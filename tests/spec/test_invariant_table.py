@@ -1,20 +1,20 @@
 """docs/invariants.md is the registry as a table and cannot go stale.
 
-Regenerate with ``python -m spec.invariants`` from the repository root.
+Regenerate with ``python -m kvspec.spec.invariants`` from the repository root.
 """
 
 import re
 from pathlib import Path
 
-from spec.invariants import SPEC_INVARIANTS, render_invariant_table
-from spec.invariants.table import INVARIANT_TABLE_PATH, get_rule_anchor, get_rule_citations
+from kvspec.spec.invariants import SPEC_INVARIANTS, render_invariant_table
+from kvspec.spec.invariants.table import INVARIANT_TABLE_PATH, get_rule_anchor, get_rule_citations
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_invariants_md_is_generated_from_the_registry():
     text = (ROOT / INVARIANT_TABLE_PATH).read_text(encoding="utf-8")
-    assert text == render_invariant_table(), "docs/invariants.md is stale: run python -m spec.invariants"
+    assert text == render_invariant_table(), "docs/invariants.md is stale: run python -m kvspec.spec.invariants"
 
 
 def test_table_has_one_row_per_invariant_in_registry_order():

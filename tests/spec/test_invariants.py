@@ -5,14 +5,14 @@ from dataclasses import replace
 import pytest
 from spec_helpers import admit, config
 
-from spec import kv_cache_manager as m
-from spec.config import full_attention, sliding_window
-from spec.events import BlockStored
-from spec.invariants import SPEC_INVARIANTS, StepContext, check_invariants, check_step
-from spec.releases.line import FREE_ORDER_0_20
-from spec.request import append_output_token_ids, make_request, recompute_block_hashes
-from spec.state import GroupState, KVCacheManagerState
-from spec.types import BlockHash, BlockId, GroupId
+from kvspec.spec import kv_cache_manager as m
+from kvspec.spec.config import full_attention, sliding_window
+from kvspec.spec.events import BlockStored
+from kvspec.spec.invariants import SPEC_INVARIANTS, StepContext, check_invariants, check_step
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.request import append_output_token_ids, make_request, recompute_block_hashes
+from kvspec.spec.state import GroupState, KVCacheManagerState
+from kvspec.spec.types import BlockHash, BlockId, GroupId
 
 
 def scenario():

@@ -4,11 +4,11 @@ and the ``comp | new_comp | ext_comp | new | lookahead`` layout of ``allocate_sl
 import pytest
 from spec_helpers import admit, config
 
-from spec import kv_cache_manager as m
-from spec.config import ConfigError, KVCacheConfig, cross_attention, full_attention, sliding_window
-from spec.releases.line import FREE_ORDER_0_20
-from spec.releases.profile import BASE
-from spec.request import (
+from kvspec.spec import kv_cache_manager as m
+from kvspec.spec.config import ConfigError, KVCacheConfig, cross_attention, full_attention, sliding_window
+from kvspec.spec.releases.line import FREE_ORDER_0_20
+from kvspec.spec.releases.profile import BASE
+from kvspec.spec.request import (
     RequestStatus,
     append_output_token_ids,
     make_request,
@@ -16,7 +16,7 @@ from spec.request import (
     with_spec_token_ids,
     with_status,
 )
-from spec.types import NULL_BLOCK_ID, GroupId
+from kvspec.spec.types import NULL_BLOCK_ID, GroupId
 
 
 def ids(blocks):
@@ -392,7 +392,7 @@ def test_group_ids_are_part_of_the_key():
 def test_features_separate_prefixes():
     """vLLM test_cache_key_salting / test_mm_prefix_caching: a different salt, LoRA or mm item
     gives a different chain, hence no hit; equal features hit."""
-    from spec.hashing import MMFeature
+    from kvspec.spec.hashing import MMFeature
 
     cfg = config([full_attention(4)], 30)
     s = m.init_kv_cache_manager(cfg)
@@ -441,7 +441,7 @@ def test_partial_tail_entry_for_wide_full_attention_blocks():
     """vLLM 0.33 FullAttentionManager._cache_partial_tail_block: with FA bs 4 over hash bs 2, the
     prompt's last hash boundary (6 of a 7-token prompt) is published as an extra key of the FA
     block holding it, with a one-hash-block event; evicting the block removes both keys."""
-    from spec.events import BlockRemoved, BlockStored
+    from kvspec.spec.events import BlockRemoved, BlockStored
 
     cfg = config([full_attention(4), sliding_window(2, 4)], 13, enable_kv_cache_events=True)
     s = m.init_kv_cache_manager(cfg)

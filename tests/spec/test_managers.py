@@ -4,11 +4,11 @@ test_single_type_kv_cache_manager.py)."""
 import pytest
 from spec_helpers import config
 
-from spec import managers
-from spec.block_pool import get_new_blocks
-from spec.config import chunked_local, full_attention, sliding_window
-from spec.state import init_state, with_num_cached_block, with_pool, with_table
-from spec.types import NULL_BLOCK_ID, BlockId, GroupId, RequestId
+from kvspec.spec import managers
+from kvspec.spec.block_pool import get_new_blocks
+from kvspec.spec.config import chunked_local, full_attention, sliding_window
+from kvspec.spec.state import init_state, with_num_cached_block, with_pool, with_table
+from kvspec.spec.types import NULL_BLOCK_ID, BlockId, GroupId, RequestId
 
 R = RequestId("r")
 G0 = GroupId(0)

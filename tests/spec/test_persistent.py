@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.targets.spec import SpecTarget
-from harness.world.families import FAMILIES
-from spec.linked_queue import LinkedQueue, queue_push
-from spec.persistent import CHUNK, PMap, PVec, vec_changed, vec_set
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.world.families import FAMILIES
+from kvspec.spec.linked_queue import LinkedQueue, queue_push
+from kvspec.spec.persistent import CHUNK, PMap, PVec, vec_changed, vec_set
 
 SIZES = st.sampled_from([1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 3, 3 * CHUNK + 1])
 

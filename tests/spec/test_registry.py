@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pd.invariants import PD_INVARIANTS
-from spec.invariants import SPEC_INVARIANTS
-from spec.kv_ledger import LEDGER_INVARIANTS
-from spec.registry import Invariant, Registry
+from kvspec.harness.pd.invariants import PD_INVARIANTS
+from kvspec.spec.invariants import SPEC_INVARIANTS
+from kvspec.spec.kv_ledger import LEDGER_INVARIANTS
+from kvspec.spec.registry import Invariant, Registry
 
 
 def small_registry() -> Registry[int, str]:

@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from harness.core import ops as O
-from harness.ledger.checker import LedgerCheckTarget
-from harness.ledger.finding import LedgerFinding, LedgerMismatch
-from harness.ledger.known_bugs import get_known_bug, match_known_bug
-from harness.targets.base import bind_release
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
-from spec.releases.line import RELEASES, profile_for
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.core import ops as O
+from kvspec.harness.ledger.checker import LedgerCheckTarget
+from kvspec.harness.ledger.finding import LedgerFinding, LedgerMismatch
+from kvspec.harness.ledger.known_bugs import get_known_bug, match_known_bug
+from kvspec.harness.targets.base import bind_release
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.releases.line import RELEASES, profile_for
+from kvspec.spec.types import BlockCount, TokenCount
 
 CONFIG = KVCacheConfig(BlockCount(16), (full_attention(4),), TokenCount(32))
 T5 = (1, 2, 3, 1, 2)
@@ -120,7 +120,7 @@ def test_the_bugs_are_recorded_as_fixed_in_0_31() -> None:
 @pytest.mark.parametrize("bug_id", sorted(SCENARIOS))
 def test_on_the_installed_vllm(bug_id: str) -> None:
     pytest.importorskip("vllm")
-    from harness.targets.vllm import VllmTarget
+    from kvspec.harness.targets.vllm import VllmTarget
 
     target = VllmTarget()
     release = target.profile.release

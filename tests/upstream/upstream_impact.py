@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-import impl.model as model_module
-from impl.model import LayerSpec, ModelConfig, TinyTransformer, rms_norm
+import kvspec.impl.model as model_module
+from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer, rms_norm
 
 NULL = 0
 

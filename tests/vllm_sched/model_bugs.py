@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core import ops as O
-from harness.world.scheduler import Scheduler
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.scheduler import Scheduler
 
 
 def forget_frees_on_preemption(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core import ops as O
-from harness.world.scheduler import Scheduler
-from harness.world.transfer import KVTransfers
+from kvspec.harness.core import ops as O
+from kvspec.harness.world.scheduler import Scheduler
+from kvspec.harness.world.transfer import KVTransfers
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.vllm_sched.agreement import compare_run, main  # noqa: E402
-from harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
-from harness.vllm_sched.fuzz import run_seed  # noqa: E402
-from harness.vllm_sched.mirror import compare_step  # noqa: E402
+from kvspec.harness.vllm_sched.agreement import compare_run, main  # noqa: E402
+from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
+from kvspec.harness.vllm_sched.fuzz import run_seed  # noqa: E402
+from kvspec.harness.vllm_sched.mirror import compare_step  # noqa: E402
 from tests.vllm_sched.model_bugs import forget_frees_on_preemption  # noqa: E402
 
 pytestmark = pytest.mark.vllm

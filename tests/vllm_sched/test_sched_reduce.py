@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.vllm_sched.reduce import OverriddenChoices, overrides_from_json, overrides_to_json
-from harness.world.workload import SeededChoices
+from kvspec.harness.vllm_sched.reduce import OverriddenChoices, overrides_from_json, overrides_to_json
+from kvspec.harness.world.workload import SeededChoices
 
 
 def _draws(ch: object) -> list[int]:
@@ -52,11 +52,11 @@ def test_overrides_round_trip() -> None:
 @pytest.mark.vllm
 def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
-    from harness.run.catalogue import resolve
-    from harness.run.fuzzing import run_fuzz
-    from harness.run.options import FuzzOptions
-    from harness.traces.trace import trace_from_json
-    from harness.vllm_sched.fuzz import replay_scheduler_run
+    from kvspec.harness.run.catalogue import resolve
+    from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.run.options import FuzzOptions
+    from kvspec.harness.traces.trace import trace_from_json
+    from kvspec.harness.vllm_sched.fuzz import replay_scheduler_run
 
     name = "freed_kept_running"
     opts = FuzzOptions(target=f"mutant:{name}", families=("full",), seconds=60, seed=0, reduce_seconds=10)
@@ -75,10 +75,10 @@ def test_a_scheduler_finding_is_reduced_and_its_report_replays(tmp_path: Path) -
 def test_replay_refuses_doctored_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A report's overrides are data: a bad entry is exit 2 naming the field, before any run."""
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
-    from harness.cli import main
-    from harness.mutants.vllm_scheduler import patched
-    from harness.traces.report import write_report
-    from harness.vllm_sched.fuzz import finding_trace, one_run, run_seed
+    from kvspec.harness.cli import main
+    from kvspec.harness.mutants.vllm_scheduler import patched
+    from kvspec.harness.traces.report import write_report
+    from kvspec.harness.vllm_sched.fuzz import finding_trace, one_run, run_seed
 
     with patched("hit_off_by_one"):
         res = one_run("full", run_seed(0, 0), max_engine_steps=150)

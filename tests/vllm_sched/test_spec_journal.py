@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from harness.bench.lockstep import pool_runs
-from harness.targets.spec import SpecTarget
-from harness.targets.spec_journal import SpecJournal
+from kvspec.harness.bench.lockstep import pool_runs
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.harness.targets.spec_journal import SpecJournal
 from tests.vllm_sched.model_bugs import forget_frees_on_preemption
 
 
@@ -54,7 +54,7 @@ def test_a_model_bug_is_still_an_agreement_finding_of_the_fuzz(monkeypatch: pyte
     """The model forgets to free on preemption (as tests/vllm_sched/test_agreement.py): its spec then
     makes calls on states the reference never had, computed, and the fuzz reports the difference."""
     pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
-    from harness.vllm_sched.fuzz import one_run, run_seed
+    from kvspec.harness.vllm_sched.fuzz import one_run, run_seed
 
     forget_frees_on_preemption(monkeypatch)
     kinds = []

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
-from harness.vllm_sched.fuzz import one_run, run_seed  # noqa: E402
+from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES  # noqa: E402
+from kvspec.harness.vllm_sched.fuzz import one_run, run_seed  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -49,7 +49,7 @@ def test_connector_runs_cover_loads_and_failures() -> None:
 
 
 def test_fuzz_command_clean_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     rc = main(
         ["fuzz", "--target", "vllm-scheduler", "--family", "full,events", "--seconds", "3", "--out", str(tmp_path)]
@@ -66,8 +66,8 @@ def test_what_the_scheduler_driver_cannot_do_is_said_and_dropped(
 ) -> None:
     """The catalogue entry says what its driver can do: one process, no oracle; the run says so and
     goes on without them (one process: no worker is started)."""
-    from harness.cli import main
-    from harness.run.catalogue import resolve
+    from kvspec.harness.cli import main
+    from kvspec.harness.run.catalogue import resolve
 
     entry = resolve("vllm-scheduler")
     assert entry.one_process and not entry.kv_check and entry.families and "connector" in entry.families
@@ -79,7 +79,7 @@ def test_what_the_scheduler_driver_cannot_do_is_said_and_dropped(
 
 
 def test_fuzz_command_only_unsupported_families_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     rc = main(["fuzz", "--target", "vllm-scheduler", "--family", "events", "--seconds", "1", "--out", str(tmp_path)])
     assert rc == 2
@@ -90,7 +90,7 @@ def test_fuzz_scheduler_deadline_is_kept(tmp_path: Path) -> None:
     import time
 
     t = time.monotonic()
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     assert (
         main(
@@ -120,9 +120,9 @@ def test_window_load_failures_reach_known_bug_k2(monkeypatch) -> None:
     ``--strict-known`` (``CheckSettings(strict_known=True)``)."""
     import random
 
-    from harness.check.settings import CheckSettings
-    from harness.vllm_sched.driver import draw_config, draw_knobs, run_one
-    from harness.world.workload import SeededChoices
+    from kvspec.harness.check.settings import CheckSettings
+    from kvspec.harness.vllm_sched.driver import draw_config, draw_knobs, run_one
+    from kvspec.harness.world.workload import SeededChoices
 
     def run(strict: bool = False) -> Any:
         ch = SeededChoices(random.Random(run_seed(0, 7)))
@@ -145,9 +145,9 @@ def test_hypothesis_drives_the_real_scheduler() -> None:
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
-    from harness.check.machine import DrawChoices
-    from harness.mutants.vllm_scheduler import patched
-    from harness.vllm_sched.driver import draw_config, draw_knobs, run_one
+    from kvspec.harness.check.machine import DrawChoices
+    from kvspec.harness.mutants.vllm_scheduler import patched
+    from kvspec.harness.vllm_sched.driver import draw_config, draw_knobs, run_one
 
     def prop() -> Any:
         def run(data: st.DataObject) -> None:
@@ -168,7 +168,7 @@ def test_hypothesis_drives_the_real_scheduler() -> None:
 def test_fuzz_command_stops_cleanly_on_a_signal(tmp_path: Path, sig: signal.Signals, code: int) -> None:
     """The real-scheduler loop stops before its next engine step: summary, 128 + signal, no traceback."""
     err, out = tmp_path / "err", tmp_path / "out"
-    cmd = [sys.executable, "-m", "harness", "fuzz", "--target", "vllm-scheduler", "--family", "full"]
+    cmd = [sys.executable, "-m", "kvspec.harness", "fuzz", "--target", "vllm-scheduler", "--family", "full"]
     cmd += ["--seconds", "120", "--seed", "0", "--out", str(tmp_path / "r")]
     with err.open("wb") as e, out.open("wb") as o:
         proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], stdout=o, stderr=e)

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.mutants.vllm_scheduler import MUTANTS, patched  # noqa: E402
-from harness.vllm_sched.fuzz import finding_trace, one_run, run_seed  # noqa: E402
+from kvspec.harness.mutants.vllm_scheduler import MUTANTS, patched  # noqa: E402
+from kvspec.harness.vllm_sched.fuzz import finding_trace, one_run, run_seed  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -40,7 +40,7 @@ def test_scheduler_mutant_caught_and_control_clean(name: str) -> None:
 
 
 def test_manager_mutant_caught_through_real_scheduler() -> None:
-    from harness.mutants import vllm as mutants_vllm
+    from kvspec.harness.mutants import vllm as mutants_vllm
 
     with mutants_vllm.patched("vllm_free_order_appended"):
         i, res = _first_finding("full", None)
@@ -57,8 +57,8 @@ def test_unknown_mutant_is_a_clear_error() -> None:
 def test_report_of_a_finding_replays(tmp_path: Path) -> None:
     """A lockstep finding's operations reproduce it on spec and vllm (an agreement finding, which the
     model may meet first, re-drives the real scheduler instead: tests/vllm_sched/test_world_checks.py)."""
-    from harness.cli import main
-    from harness.traces.report import write_report
+    from kvspec.harness.cli import main
+    from kvspec.harness.traces.report import write_report
 
     with patched("computed_kept_on_preempt"):
         i, res = _first_finding("full", "computed_kept_on_preempt", agreement=False)
@@ -72,7 +72,7 @@ def test_report_of_a_finding_replays(tmp_path: Path) -> None:
 def test_fuzz_cli_with_scheduler_mutant_writes_report_that_replays(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     out = tmp_path / "reports"
     args = ["fuzz", "--target", "mutant:freed_kept_running", "--family", "full", "--seconds", "20"]
@@ -89,7 +89,7 @@ def test_replay_re_drives_the_real_scheduler(tmp_path: Path, capsys: pytest.Capt
     clean; a trace that records no scheduler run is refused (exit 2), as is a doctored step count."""
     import json
 
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     out = tmp_path / "reports"
     args = ["fuzz", "--target", "mutant:computed_kept_on_preempt", "--family", "full", "--seconds", "30"]

@@ -14,11 +14,11 @@ import pytest
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 tomllib = pytest.importorskip("tomllib")
 
-from harness.check.finding import FindingError  # noqa: E402
-from harness.vllm_sched import record  # noqa: E402
-from harness.vllm_sched.build import build_scheduler  # noqa: E402
-from harness.vllm_sched.driver import Driver, draw_config, draw_knobs  # noqa: E402
-from harness.world.workload import SeededChoices  # noqa: E402
+from kvspec.harness.check.finding import FindingError  # noqa: E402
+from kvspec.harness.vllm_sched import record  # noqa: E402
+from kvspec.harness.vllm_sched.build import build_scheduler  # noqa: E402
+from kvspec.harness.vllm_sched.driver import Driver, draw_config, draw_knobs  # noqa: E402
+from kvspec.harness.world.workload import SeededChoices  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_entry_point_declared() -> None:
 
 
 def test_record_then_replay_ok(vllm_plugins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.cli import main
+    from kvspec.harness.cli import main
 
     path = tmp_path / "trace.json"
     monkeypatch.setenv(record.ENV_RECORD, str(path))
@@ -89,8 +89,8 @@ def test_record_then_replay_ok(vllm_plugins: None, tmp_path: Path, monkeypatch: 
 def test_record_with_manager_bug_replays_exit_1(
     vllm_plugins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.cli import main
-    from harness.mutants import vllm as mutants_vllm
+    from kvspec.harness.cli import main
+    from kvspec.harness.mutants import vllm as mutants_vllm
 
     path = tmp_path / "trace.json"
     monkeypatch.setenv(record.ENV_RECORD, str(path))
@@ -116,7 +116,7 @@ def test_shadow_clean_scheduler_no_report(vllm_plugins: None, tmp_path: Path, mo
 
 
 def test_shadow_raises_at_manager_bug(vllm_plugins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.mutants import vllm as mutants_vllm
+    from kvspec.harness.mutants import vllm as mutants_vllm
 
     monkeypatch.setenv(record.ENV_SHADOW, "1")
     monkeypatch.setenv(record.ENV_SHADOW_OUT, str(tmp_path))
@@ -127,7 +127,7 @@ def test_shadow_raises_at_manager_bug(vllm_plugins: None, tmp_path: Path, monkey
 
 
 def test_shadow_log_mode_keeps_serving(vllm_plugins: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.mutants import vllm as mutants_vllm
+    from kvspec.harness.mutants import vllm as mutants_vllm
 
     monkeypatch.setenv(record.ENV_SHADOW, "log")
     monkeypatch.setenv(record.ENV_SHADOW_OUT, str(tmp_path))
@@ -138,9 +138,9 @@ def test_shadow_log_mode_keeps_serving(vllm_plugins: None, tmp_path: Path, monke
 
 
 def test_record_sink_stops_when_full(tmp_path: Path) -> None:
-    from harness.core import ops as O
-    from harness.traces.trace import read_trace
-    from spec.config import KVCacheConfig, full_attention
+    from kvspec.harness.core import ops as O
+    from kvspec.harness.traces.trace import read_trace
+    from kvspec.spec.config import KVCacheConfig, full_attention
 
     config = KVCacheConfig(8, (full_attention(4),), 64).validate()
     sink = record.RecordSink(config, tmp_path / "t.json", every=7)
@@ -198,8 +198,8 @@ def test_shadow_checks_a_large_pool_in_full_at_exit(
     exit compares whole states, so a change no manager call made is still reported."""
     from vllm.plugins import load_general_plugins
 
-    from spec.config import KVCacheConfig
-    from spec.types import BlockCount
+    from kvspec.spec.config import KVCacheConfig
+    from kvspec.spec.types import BlockCount
 
     monkeypatch.setenv(record.ENV_SHADOW, "1")
     monkeypatch.setenv(record.ENV_SHADOW_OUT, str(tmp_path))

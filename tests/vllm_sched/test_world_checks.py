@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM (ci/setup --vllm)")
 
-from harness.ledger.world import WorldFacts  # noqa: E402
-from harness.mutants.vllm_scheduler import MUTANTS, ONLY_BY, patched  # noqa: E402
-from harness.vllm_sched.fuzz import one_run, run_seed  # noqa: E402
-from spec.kv_ledger import KVLedger, write_slot  # noqa: E402
-from spec.types import BlockId  # noqa: E402
+from kvspec.harness.ledger.world import WorldFacts  # noqa: E402
+from kvspec.harness.mutants.vllm_scheduler import MUTANTS, ONLY_BY, patched  # noqa: E402
+from kvspec.harness.vllm_sched.fuzz import one_run, run_seed  # noqa: E402
+from kvspec.spec.kv_ledger import KVLedger, write_slot  # noqa: E402
+from kvspec.spec.types import BlockId  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -51,12 +51,12 @@ def test_only_its_check_catches_the_mutant(name: str) -> None:
 
 
 def test_agreement_report_has_both_call_sequences_and_replays(tmp_path: Path) -> None:
-    from harness.cli import main
-    from harness.run.catalogue import resolve
-    from harness.run.fuzzing import run_fuzz
-    from harness.run.options import FuzzOptions
-    from harness.traces.report import write_report
-    from harness.traces.trace import trace_from_json
+    from kvspec.harness.cli import main
+    from kvspec.harness.run.catalogue import resolve
+    from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.run.options import FuzzOptions
+    from kvspec.harness.traces.report import write_report
+    from kvspec.harness.traces.trace import trace_from_json
 
     opts = FuzzOptions(target="mutant:budget_one_short", families=("full",), seconds=60, seed=0, reduce_seconds=5.0)
     res = run_fuzz(opts, resolve(opts.target))  # its first run is run_seed(0, 0)

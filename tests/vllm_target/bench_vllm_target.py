@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from harness.core.ops import (
+from kvspec.harness.core.ops import (
     AddRequest,
     AllocateSlots,
     AppendOutputTokens,
@@ -20,7 +20,7 @@ from harness.core.ops import (
     Op,
     SetNumComputedTokens,
 )
-from spec.config import KVCacheConfig, full_attention
+from kvspec.spec.config import KVCacheConfig, full_attention
 
 
 def simple_trace(iterations: int, block_size: int = 16) -> list[Op]:
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    from harness.targets.vllm import VllmTarget
+    from kvspec.harness.targets.vllm import VllmTarget
 
     target = VllmTarget()
     print(f"{target.version}: import + first VllmTarget() took {time.perf_counter() - t0:.2f} s")

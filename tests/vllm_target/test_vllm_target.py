@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
 
-from harness.core.observation import Observation  # noqa: E402
-from harness.core.ops import (  # noqa: E402
+from kvspec.harness.core.observation import Observation  # noqa: E402
+from kvspec.harness.core.ops import (  # noqa: E402
     AddRequest,
     AllocateSlots,
     AppendOutputTokens,
@@ -28,11 +28,11 @@ from harness.core.ops import (  # noqa: E402
     SetNumComputedTokens,
     TakeEvents,
 )
-from harness.targets.base import Target, Unsupported  # noqa: E402
-from harness.targets.vllm import VllmTarget  # noqa: E402
-from spec.config import KVCacheConfig, full_attention, sliding_window  # noqa: E402
-from spec.releases.line import FREE_ORDER_0_20, RELEASES  # noqa: E402
-from spec.types import make_block_key  # noqa: E402
+from kvspec.harness.targets.base import Target, Unsupported  # noqa: E402
+from kvspec.harness.targets.vllm import VllmTarget  # noqa: E402
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window  # noqa: E402
+from kvspec.spec.releases.line import FREE_ORDER_0_20, RELEASES  # noqa: E402
+from kvspec.spec.types import make_block_key  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -310,7 +310,7 @@ FEATURE_CASES = [
 
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
 def test_request_hashes_match_spec_hashing(target: VllmTarget, algo: str) -> None:
-    hashing = pytest.importorskip("spec.hashing", reason="spec/hashing.py not written yet")
+    hashing = pytest.importorskip("kvspec.spec.hashing", reason="spec/hashing.py not written yet")
     if not hasattr(hashing, "extend_block_hashes"):
         pytest.skip("spec.hashing.extend_block_hashes not written yet")
     seed = os.environ.get("PYTHONHASHSEED")

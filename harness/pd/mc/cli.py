@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.pd.mc.designs import resolve_mc_design
-from harness.pd.mc.model import SAFETY, Bounds
-from harness.pd.mc.search import LIVENESS, Result, explore
-from harness.run.exits import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from kvspec.harness.pd.mc.designs import resolve_mc_design
+from kvspec.harness.pd.mc.model import SAFETY, Bounds
+from kvspec.harness.pd.mc.search import LIVENESS, Result, explore
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:

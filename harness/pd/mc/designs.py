@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL, Bug, resolve_design
-from harness.pd.types import Design
+from kvspec.harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL, Bug, resolve_design
+from kvspec.harness.pd.types import Design
 
 VLLM_PUSH = replace(
     PROPOSAL,

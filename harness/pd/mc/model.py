@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.pd.mc.state import (
+from kvspec.harness.pd.mc.state import (
     ABORT,
     ACK,
     CANCEL,
@@ -47,7 +47,7 @@ from harness.pd.mc.state import (
     State,
     describe,
 )
-from harness.pd.types import Design
+from kvspec.harness.pd.types import Design
 
 SAFETY = {
     "write_lands_in_held_block": "every write lands in a block D holds for that transfer at that moment",

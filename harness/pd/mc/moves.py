@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from harness.pd.mc.model import (
+from kvspec.harness.pd.mc.model import (
     Bounds,
     W,
     abort,
@@ -28,7 +28,7 @@ from harness.pd.mc.model import (
     reserve,
     use,
 )
-from harness.pd.mc.state import (
+from kvspec.harness.pd.mc.state import (
     ACK,
     DATA,
     DECODE,
@@ -51,7 +51,7 @@ from harness.pd.mc.state import (
     State,
     describe,
 )
-from harness.pd.types import Design
+from kvspec.harness.pd.types import Design
 
 
 class Step(NamedTuple):

@@ -24,10 +24,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness.pd.mc.model import Bounds
-from harness.pd.mc.moves import successors
-from harness.pd.mc.state import HELD, State, Symmetry, init_state
-from harness.pd.types import Design
+from kvspec.harness.pd.mc.model import Bounds
+from kvspec.harness.pd.mc.moves import successors
+from kvspec.harness.pd.mc.state import HELD, State, Symmetry, init_state
+from kvspec.harness.pd.types import Design
 
 EDGE = {"step": 0, "timeout": 1, "fault": 2}
 LIVENESS = {

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.pd.sim import inputs as X
-from harness.pd.sim.model import PROTOCOLS, Protocol, Req, Simulation, Workload
+from kvspec.harness.pd.sim import inputs as X
+from kvspec.harness.pd.sim.model import PROTOCOLS, Protocol, Req, Simulation, Workload
 
 _CONV = dict(shape="lognormal", prompt=(16, 8192), output=(1, 1024), sigmas=(1.0, 0.8))
 WORKLOADS = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.pd.sim.experiment import Point
-from harness.pd.sim.model import PROTOCOLS
-from harness.pd.sim.stats import Summary, aggregate
+from kvspec.harness.pd.sim.experiment import Point
+from kvspec.harness.pd.sim.model import PROTOCOLS
+from kvspec.harness.pd.sim.stats import Summary, aggregate
 
 STYLE = {
     "baseline": dict(color="black", marker="o", label="baseline (vLLM 0.33: allocate after prefill, pull)"),

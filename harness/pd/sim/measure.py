@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.core import ops as O
-from harness.pd.instance import make_config
+from kvspec.harness.core import ops as O
+from kvspec.harness.pd.instance import make_config
 
 PROMPT_BLOCKS = (8, 64, 256, 768)
 BLOCK_SIZE = 16
@@ -25,7 +25,7 @@ BLOCK_SIZE = 16
 
 def measure_manager_costs(num_blocks: int, repeats: int = 30, progress: Any = None) -> dict[str, Any]:
     """Median seconds per call, keyed by call and prompt length in blocks."""
-    from harness.targets.vllm import VllmTarget, vllm_version
+    from kvspec.harness.targets.vllm import VllmTarget, vllm_version
 
     target = VllmTarget()
     target.reset(make_config(num_blocks, BLOCK_SIZE, max(PROMPT_BLOCKS) * BLOCK_SIZE + 64))

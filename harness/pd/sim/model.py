@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.pd.sim import inputs as X
+from kvspec.harness.pd.sim import inputs as X
 
 Protocol = Literal["baseline", "push", "push-layerwise", "push-jit"]
 PROTOCOLS: tuple[Protocol, ...] = ("baseline", "push", "push-layerwise", "push-jit")

@@ -10,7 +10,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from harness.pd.sim.experiment import WORKLOADS, Point, get_prefill_capacity
+from kvspec.harness.pd.sim.experiment import WORKLOADS, Point, get_prefill_capacity
 
 # two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond
 _T975: tuple[float, ...] = (

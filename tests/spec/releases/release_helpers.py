@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core import ops as O
+from kvspec.harness.core import ops as O
 
 
 def tokens(n: int, start: int = 1) -> tuple[int, ...]:

@@ -12,20 +12,20 @@ from dataclasses import replace
 
 import pytest
 
-from spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
-from spec.invariants import StepContext, check_invariants, check_step
-from spec.kv_cache_manager import (
+from kvspec.spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.invariants import StepContext, check_invariants, check_step
+from kvspec.spec.kv_cache_manager import (
     allocate_slots,
     free,
     get_computed_blocks,
     init_kv_cache_manager,
     remove_skipped_blocks,
 )
-from spec.releases.line import CHANGES, profile_for
-from spec.releases.profile import Profile
-from spec.request import Request, make_request
-from spec.state import KVCacheManagerState
-from spec.types import RequestId
+from kvspec.spec.releases.line import CHANGES, profile_for
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import Request, make_request
+from kvspec.spec.state import KVCacheManagerState
+from kvspec.spec.types import RequestId
 
 CHANGE = {c.name: c for c in CHANGES}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spec.releases.line import (
+from kvspec.spec.releases.line import (
     BASE_RELEASE,
     CHANGES,
     RELEASES,
@@ -19,7 +19,7 @@ from spec.releases.line import (
     require_known,
     version_key,
 )
-from spec.releases.profile import BASE, Profile
+from kvspec.spec.releases.profile import BASE, Profile
 
 HERE = Path(__file__).parent
 
@@ -33,7 +33,7 @@ def test_the_base_release_is_the_base_reading() -> None:
 def test_each_release_module_lists_only_its_own_changes() -> None:
     for change in CHANGES:
         assert change.release in RELEASES, change
-        module = importlib.import_module("spec.releases.v" + "_".join(change.release.split(".")[:2]))
+        module = importlib.import_module("kvspec.spec.releases.v" + "_".join(change.release.split(".")[:2]))
         assert change in module.CHANGES, (change.name, module.__name__)
     assert len({c.name for c in CHANGES}) == len(CHANGES), "change names are unique"
 

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from release_helpers import admit, running, tokens
 
-from harness.check.finding import FindingError
-from harness.check.lockstep import Lockstep
-from harness.check.settings import CheckSettings
-from harness.core import ops as O
-from harness.ledger.known_bugs import split_known
-from harness.targets.base import Unsupported
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention, sliding_window
-from spec.releases.line import profile_for
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.check.finding import FindingError
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.harness.ledger.known_bugs import split_known
+from kvspec.harness.targets.base import Unsupported
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
+from kvspec.spec.releases.line import profile_for
+from kvspec.spec.types import BlockCount, TokenCount
 
 
 def _play(config: KVCacheConfig, release: str, ops: list[Any]) -> tuple[int, Any] | None:

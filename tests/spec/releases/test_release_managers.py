@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from release_helpers import admit, running, tokens
 
-from harness.core import ops as O
-from harness.core.observation import Observation
-from harness.targets.spec import SpecTarget
-from spec.config import ConfigError, KVCacheConfig, full_attention, sliding_window
-from spec.releases.line import CHANGES, profile_for
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.core import ops as O
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import ConfigError, KVCacheConfig, full_attention, sliding_window
+from kvspec.spec.releases.line import CHANGES, profile_for
+from kvspec.spec.types import BlockCount, TokenCount
 
 
 def _run(config: KVCacheConfig, release: str, ops: list[Any]) -> tuple[list[Any], Observation, SpecTarget]:

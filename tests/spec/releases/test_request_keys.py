@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core import ops as O
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
-from spec.hashing import RANDOM_NONE_HASH, HashFeatures, MMFeature, extend_block_hashes, get_none_hash
-from spec.releases.line import CHANGES, profile_for
-from spec.releases.profile import Profile
-from spec.request import append_output_token_ids, make_request, recompute_block_hashes
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.hashing import RANDOM_NONE_HASH, HashFeatures, MMFeature, extend_block_hashes, get_none_hash
+from kvspec.spec.releases.line import CHANGES, profile_for
+from kvspec.spec.releases.profile import Profile
+from kvspec.spec.request import append_output_token_ids, make_request, recompute_block_hashes
+from kvspec.spec.types import BlockCount, TokenCount
 
 CHANGE_NAMES = {
     "coarse_group_hash_is_last_fine_hash",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core import ops as O
-from harness.targets.spec import SpecTarget
-from spec.config import KVCacheConfig, full_attention
-from spec.types import BlockCount, TokenCount
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.spec import SpecTarget
+from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.types import BlockCount, TokenCount
 from tests.spec.releases.vectors import outcomes
 
 CONFIG = KVCacheConfig(BlockCount(8), (full_attention(4),), TokenCount(64))

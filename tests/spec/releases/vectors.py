@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from harness.core import ops as O
-from harness.targets.base import Target
-from spec.config import KVCacheConfig
-from spec.releases.line import profile_for
+from kvspec.harness.core import ops as O
+from kvspec.harness.targets.base import Target
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.releases.line import profile_for
 
 
 def outcomes(target: Target, release: str, config: KVCacheConfig, ops: list[O.Op]) -> list[Any]:
