@@ -57,7 +57,7 @@ def decode_heavy_trace(requests: int, steps: int, seed: int, block_size: int = 1
 
 def run_impl(trace: list[Step], num_blocks: int, block_size: int) -> tuple[int, float, list[Any]]:
     from kvspec.impl.allocator import GroupSpec, KVCacheManager, Request
-    from kvspec.impl.hashing import BlockHasher
+    from kvspec.impl.allocator.hashing import BlockHasher
 
     m = KVCacheManager([GroupSpec("full", block_size)], num_blocks=num_blocks, max_model_len=1 << 20)
     hasher = BlockHasher(block_size)
@@ -303,7 +303,7 @@ def _compare_with_vllm(rates: dict[str, float], outs: dict[str, list[Any]], repo
 def bench_attention() -> None:  # pragma: no cover - GPU only
     import torch
 
-    from kvspec.impl.attention import paged_attention, paged_attention_triton, triton_available
+    from kvspec.impl.paged.attention import paged_attention, paged_attention_triton, triton_available
 
     if not torch.cuda.is_available():
         raise SystemExit("the attention benchmark needs CUDA")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec.impl.attention import dense_attention
-from kvspec.impl.model import TinyTransformer
+from kvspec.impl.paged.attention import dense_attention
+from kvspec.impl.paged.model import TinyTransformer
 
 
 @dataclass
@@ -30,7 +30,7 @@ def dense_reference(model: TinyTransformer, tokens: Sequence[int]) -> DenseRun:
     """``TinyTransformer.forward_dense`` in float64, also returning every layer's K/V (same maths,
     step for step; a test checks the hidden states against ``forward_dense``).
 
-    It uses the model's private ``_qkv`` / ``_finish`` (``impl.model`` has no public per-layer
+    It uses the model's private ``_qkv`` / ``_finish`` (``impl.paged.model`` has no public per-layer
     K/V yet): the same functions ``forward_dense`` and ``forward_chunk`` run."""
     ids = torch.as_tensor(list(tokens), dtype=torch.long, device=model.device)  # [N]
     pos = torch.arange(ids.numel(), device=model.device)  # [N]

@@ -20,8 +20,8 @@ from kvspec.harness.core.observation import Observation
 from kvspec.harness.oracle.dense import DenseRun, row_errors
 from kvspec.harness.oracle.finding import BadKV
 from kvspec.harness.targets.base import Unsupported
-from kvspec.impl.kv_cache import slot_mapping
-from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer
+from kvspec.impl.paged.kv_cache import slot_mapping
+from kvspec.impl.paged.model import LayerSpec, ModelConfig, TinyTransformer
 from kvspec.spec.config import KVCacheConfig
 
 # Positions of one layer to compare: (layer spec, the request's table in its group, block size).

@@ -25,8 +25,8 @@ from kvspec.harness.oracle.dense import DenseRun, dense_reference, row_errors
 from kvspec.harness.oracle.finding import BadKV, KVFinding, KVMismatch, fmt_positions
 from kvspec.harness.oracle.paged import PagedKV
 from kvspec.harness.oracle.request import LORA_SLOTS, OracleRequest
-from kvspec.impl.attention import first_visible_position
-from kvspec.impl.model import LayerSpec
+from kvspec.impl.paged.attention import first_visible_position
+from kvspec.impl.paged.model import LayerSpec
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Block ids that agree with the spec do not prove that attention reads the right K and V.  A
 ``KVCheckTarget`` wraps a target (spec, vLLM 0.33's manager, ``impl``, a user's) and plays the
 model runner next to it: for every chunk the scheduler computes it runs a tiny seeded transformer
-(``impl.model.TinyTransformer``) through a paged KV cache, writing K/V into the block ids the
+(``impl.paged.model.TinyTransformer``) through a paged KV cache, writing K/V into the block ids the
 target's tables give and attending through them, and compares the result with a dense, cache-free
 float64 reference over the request's own tokens.  It never consults the spec, so reuse of a block
 still in use, a hash published before its KV was written, a hit on a block with another prefix, or
@@ -66,8 +66,8 @@ from kvspec.harness.oracle.paged import PagedKV
 from kvspec.harness.oracle.request import BASE_VOCAB, LORA_SLOTS, MM_BASE, VOCAB, OracleRequest
 from kvspec.harness.oracle.runner import ModelRunner, OracleStats
 from kvspec.harness.targets.base import Target
-from kvspec.impl.kv_cache import default_device
-from kvspec.impl.model import TinyTransformer, tolerance
+from kvspec.impl.paged.kv_cache import default_device
+from kvspec.impl.paged.model import TinyTransformer, tolerance
 from kvspec.spec.config import KVCacheConfig
 
 __all__ = [

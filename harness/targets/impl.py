@@ -27,7 +27,7 @@ from kvspec.harness.core.ops import (
 from kvspec.harness.targets.adapter import ManagerAdapter
 from kvspec.harness.targets.base import Unsupported
 from kvspec.impl import allocator as alloc
-from kvspec.impl.hashing import BlockHasher
+from kvspec.impl.allocator.hashing import BlockHasher
 from kvspec.spec.config import KVCacheConfig
 from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from kvspec.spec.releases.profile import BASE
@@ -95,7 +95,7 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
 
     def new_request(self, r: BookRequest) -> alloc.Request:
         if r.prompt_embeds is not None:
-            raise Unsupported("impl's block hasher (impl/hashing.py) has no prompt_embeds extra keys")
+            raise Unsupported("impl's block hasher (impl/allocator/hashing.py) has no prompt_embeds extra keys")
         native = alloc.Request(
             request_id=r.request_id,
             all_token_ids=list(r.prompt_token_ids),

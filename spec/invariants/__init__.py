@@ -15,6 +15,8 @@ block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``SPEC_INVARIANT
 filled by importing the two predicate modules below, state first: that order is the report order.
 ``docs/invariants.md`` is the registry as a table (``render_invariant_table``).  ``memo`` keeps what two
 state predicates would otherwise redo at every check (hash recomputations, the event replay).
+
+Imports: spec, spec.releases.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ the read, and nobody else changes it.  It needs no numbers: the KV at a position
 exact identity (``identity``: an interned prefix-trie node), the ledger records which identity each
 slot holds (``ledger``), and named predicates (``invariants``, one registry) check every write,
 read and publication a step makes.  ``harness.ledger.checker`` feeds it from any target's observed tables.
+
+Imports: spec.
 """
 
 from kvspec.spec.kv_ledger.identity import IdentityTrie, KVIdentity, SequenceIdentities, get_position_key

@@ -8,7 +8,7 @@ step would walk the pool, and the ledger is updated only at the positions a step
 
 Attention spans (§11.3), per group kind: full ``[0, p]``, sliding window ``W`` ``[p - W + 1, p]``,
 chunked local ``C`` ``[p - p mod C, p]`` (vLLM 0.33 ``SlidingWindowSpec`` / ``ChunkedLocalAttentionSpec``
-masks; the same as ``impl.attention.first_visible_position``).  Cross attention reads every
+masks; the same as ``impl.paged.attention.first_visible_position``).  Cross attention reads every
 encoder position and is handled by the caller.
 """
 

@@ -21,7 +21,7 @@ from kvspec.impl.allocator import (
     SingleTypeManager,
     SlidingWindowManager,
 )
-from kvspec.impl.hashing import BlockHasher
+from kvspec.impl.allocator.hashing import BlockHasher
 
 FULL16 = GroupSpec("full", 16)
 

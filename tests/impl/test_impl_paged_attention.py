@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from kvspec.impl.attention import dense_attention, paged_attention, paged_attention_triton, triton_available
-from kvspec.impl.kv_cache import PagedKVCache, slot_mapping
-from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer, tolerance
+from kvspec.impl.paged.attention import dense_attention, paged_attention, paged_attention_triton, triton_available
+from kvspec.impl.paged.kv_cache import PagedKVCache, slot_mapping
+from kvspec.impl.paged.model import LayerSpec, ModelConfig, TinyTransformer, tolerance
 
 KINDS = [("full", None), ("sliding_window", 5), ("chunked_local", 8)]
 TOL = tolerance(torch.float32)

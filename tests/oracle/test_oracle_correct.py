@@ -21,7 +21,7 @@ from kvspec.harness.oracle.target import KVCheckTarget, dense_reference
 from kvspec.harness.targets.base import Target, Unsupported
 from kvspec.harness.targets.impl import ImplTarget
 from kvspec.harness.targets.spec import SpecTarget
-from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer
+from kvspec.impl.paged.model import LayerSpec, ModelConfig, TinyTransformer
 from kvspec.spec.config import KVCacheConfig, cross_attention, full_attention
 
 ACTIONS = 200

@@ -1,6 +1,6 @@
 """Numeric impact of the window bugs, measured with kvspec's torch oracle machinery on CPU.
 
-``impl.model.TinyTransformer`` (seeded, RoPE, GQA) runs the step vLLM schedules through a paged KV
+``impl.paged.model.TinyTransformer`` (seeded, RoPE, GQA) runs the step vLLM schedules through a paged KV
 cache whose block tables are the ones vLLM 0.33.0 hands the worker (reproduced by the tests next to
 this file), and is compared with the dense float64 reference ``forward_dense`` over the same tokens:
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-import kvspec.impl.model as model_module
-from kvspec.impl.model import LayerSpec, ModelConfig, TinyTransformer, rms_norm
+import kvspec.impl.paged.model as model_module
+from kvspec.impl.paged.model import LayerSpec, ModelConfig, TinyTransformer, rms_norm
 
 NULL = 0
 
@@ -60,7 +60,7 @@ def recording() -> Iterator[dict[str, list[torch.Tensor]]]:
 
         return wrapped
 
-    for kind, fn in originals.items():  # impl.model calls them through its module globals
+    for kind, fn in originals.items():  # impl.paged.model calls them through its module globals
         setattr(model_module, f"{kind}_attention", rec(kind, fn))
     try:
         yield seen

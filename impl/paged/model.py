@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec.impl.attention import dense_attention, paged_attention, paged_attention_triton
-from kvspec.impl.kv_cache import PagedKVCache, default_device
+from kvspec.impl.paged.attention import dense_attention, paged_attention, paged_attention_triton
+from kvspec.impl.paged.kv_cache import PagedKVCache, default_device
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from kvspec.impl.block_pool import BlockPool
-from kvspec.impl.events import KVEvent
-from kvspec.impl.request import PREEMPTED, WAITING, GroupSpec, Request
-from kvspec.impl.single_type_managers import MANAGER_CLASSES, admission_cap, cdiv
+from kvspec.impl.allocator.block_pool import BlockPool
+from kvspec.impl.allocator.events import KVEvent
+from kvspec.impl.allocator.request import PREEMPTED, WAITING, GroupSpec, Request
+from kvspec.impl.allocator.single_type_managers import MANAGER_CLASSES, admission_cap, cdiv
 
 
 class KVCacheManager:

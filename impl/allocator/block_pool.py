@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvspec.impl.events import Cleared, KVEvent, Removed, Stored
-from kvspec.impl.request import Request
+from kvspec.impl.allocator.events import Cleared, KVEvent, Removed, Stored
+from kvspec.impl.allocator.request import Request
 
 NULL = 0  # the null block: table placeholder for skipped / out-of-window positions
 FREE_ORDERS = ("v0.33", "v0.20")

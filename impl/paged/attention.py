@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from kvspec.impl.kv_cache import slot_mapping
+from kvspec.impl.paged.kv_cache import slot_mapping
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str, window: int | None = None) -> torch.Tensor:

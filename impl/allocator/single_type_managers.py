@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvspec.impl.block_pool import NULL, BlockPool
-from kvspec.impl.request import GroupSpec, Request
+from kvspec.impl.allocator.block_pool import NULL, BlockPool
+from kvspec.impl.allocator.request import GroupSpec, Request
 
 
 def cdiv(a: int, b: int) -> int:

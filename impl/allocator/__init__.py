@@ -18,21 +18,23 @@ HiSparse, lookahead hashes, retention intervals, DCP/PCP, async in-flight tokens
 
 The code lives in one module per vLLM layer; this module re-exports their public names:
 
-- ``impl.events``: ``Stored``, ``Removed``, ``Cleared`` (the published KV events);
-- ``impl.request``: ``Request``, ``GroupSpec`` and the request statuses;
-- ``impl.block_pool``: ``BlockPool`` (free queue + hash map) and ``NULL``;
-- ``impl.single_type_managers``: one manager per attention kind, ``MANAGER_CLASSES``,
+- ``impl.allocator.events``: ``Stored``, ``Removed``, ``Cleared`` (the published KV events);
+- ``impl.allocator.request``: ``Request``, ``GroupSpec`` and the request statuses;
+- ``impl.allocator.block_pool``: ``BlockPool`` (free queue + hash map) and ``NULL``;
+- ``impl.allocator.single_type_managers``: one manager per attention kind, ``MANAGER_CLASSES``,
   ``admission_cap``;
-- ``impl.kv_cache_manager``: ``KVCacheManager`` (the coordinator folded in).
+- ``impl.allocator.kv_cache_manager``: ``KVCacheManager`` (the coordinator folded in).
+
+Imports: nothing.
 """
 
 from __future__ import annotations
 
-from kvspec.impl.block_pool import FREE_ORDERS, NULL, BlockPool
-from kvspec.impl.events import Cleared, KVEvent, Removed, Stored
-from kvspec.impl.kv_cache_manager import KVCacheManager
-from kvspec.impl.request import PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS, GroupSpec, Request
-from kvspec.impl.single_type_managers import (
+from kvspec.impl.allocator.block_pool import FREE_ORDERS, NULL, BlockPool
+from kvspec.impl.allocator.events import Cleared, KVEvent, Removed, Stored
+from kvspec.impl.allocator.kv_cache_manager import KVCacheManager
+from kvspec.impl.allocator.request import PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS, GroupSpec, Request
+from kvspec.impl.allocator.single_type_managers import (
     MANAGER_CLASSES,
     ChunkedLocalManager,
     CrossAttentionManager,
