@@ -15,7 +15,7 @@ if torch.cuda.is_available():  # the compiled kernel is checked by test_impl_pag
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from kvspec.impl import attention as A  # noqa: E402
+from kvspec.impl.paged import attention as A  # noqa: E402
 
 CASES = [
     ("full", None),
