@@ -149,8 +149,10 @@ def _spec(assume_release: str | None) -> CatalogueEntry:
 
 
 def _impl(assume_release: str | None) -> CatalogueEntry:
-    entry = CatalogueEntry("impl", _import_factory("impl", "kvspec.harness.targets.impl", "ImplTarget"), origin="impl")
-    return _checked(replace(entry, relation="exact", relation_reason=EXACT_WHY.format("impl")))
+    factory = _import_factory("impl", "kvspec.harness.targets.impl", "ImplTarget")
+    return _checked(
+        CatalogueEntry("impl", factory, relation="exact", relation_reason=EXACT_WHY.format("impl"), origin="impl")
+    )
 
 
 def _vllm(assume_release: str | None) -> CatalogueEntry:
@@ -173,14 +175,17 @@ def _vllm_fixed(assume_release: str | None) -> CatalogueEntry:
 
 
 def _scheduler(assume_release: str | None, name: str = "vllm-scheduler", mutant: str | None = None) -> CatalogueEntry:
+    """vLLM's real scheduler driving its own manager (``mutant``: a deliberate scheduler bug patched in
+    for the run).  It runs the releases kvspec knows only: ``assume_release`` does not apply."""
     from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES
     from kvspec.harness.vllm_sched.fuzz import SchedulerDriver
 
     _need_vllm(name)
-    from kvspec.harness.targets.vllm import VllmUnavailable, _vllm
+    from kvspec.harness.targets.vllm import VllmUnavailable
+    from kvspec.harness.targets.vllm import _vllm as load_vllm
 
     try:
-        _vllm()
+        load_vllm()
     except VllmUnavailable as e:
         raise TargetLoadError(f"target {name!r}: {e}") from None
     return CatalogueEntry(

@@ -37,10 +37,12 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
     else:
+        ran = [f for f in _families(opts, res) if f not in res.skipped]
+        skipped = f" (skipped: {','.join(res.skipped)})" if res.skipped else ""
         detail = f"; {res.detail}" if res.detail else ""
         print(
             f"kvspec fuzz: no finding; target {opts.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
-            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(_families(opts, res))}{detail}"
+            f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(ran)}{skipped}{detail}"
         )
     _print_known(opts, res)
     junit_ok = _write_fuzz_junit_safely(opts, res, report)
