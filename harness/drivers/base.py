@@ -109,7 +109,8 @@ class TurnOutcome:
 @dataclass(frozen=True)
 class Plan:
     """The families a driver runs, in turn order; the chosen ones it does not run, with why; the most
-    turns the run makes (None: until the deadline); a note for the run's first line."""
+    turns the run makes (None: until the deadline); a note the run says at its start (or, when no
+    family runs, in its error)."""
 
     families: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)

@@ -102,6 +102,8 @@ def run_fuzz(
             raise NothingToRun(f"none of the chosen families runs on target {opts.target}: {plan.note}")
         for fam, why in plan.skipped.items():
             _say(announce, f"kvspec fuzz: family {fam} skipped: {why}")
+        if plan.note:
+            _say(announce, f"kvspec fuzz: {plan.note}")  # e.g. the checks turned off
         res = FuzzResult(skipped=dict(plan.skipped), families=(*plan.families, *plan.skipped))
         loop = _Loop(opts, driver, res, start, deadline, bounded, announce)
         loop.turns(plan.families, plan.turns, worker, workers, should_stop, on_batch)
