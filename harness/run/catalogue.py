@@ -21,7 +21,7 @@ run.  ``python -m kvspec.harness.run.catalogue NAME`` does what a run of NAME do
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -309,11 +309,6 @@ def _warm_up_scheduler(entry: CatalogueEntry) -> None:
     from kvspec.spec.types import BlockCount, TokenCount
 
     build_scheduler(KVCacheConfig(BlockCount(64), (full_attention(16),), TokenCount(256)), SchedKnobs())
-
-
-def names() -> Sequence[str]:
-    """The built-in names, for help texts."""
-    return tuple(BUILTIN)
 
 
 if __name__ == "__main__":

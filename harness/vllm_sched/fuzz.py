@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvspec.harness.check.finding import Finding
@@ -100,12 +99,6 @@ def needs_world(finding: Finding) -> bool:
     ``harness.vllm_sched.mirror``), so that only re-driving the real scheduler reproduces it
     (``kvspec replay --target vllm-scheduler``), not replaying its operations on a manager?"""
     return finding.kind in ("conservation", "agreement") or finding.witness.get("check") == "world"
-
-
-def replay_hint(finding: Finding, dest: Path) -> str:
-    if needs_world(finding):
-        return f"kvspec replay {dest}   (re-drives the real scheduler: --target {TARGET_NAME})"
-    return f"kvspec replay {dest} --target vllm   (or --target spec)"
 
 
 MAX_REPLAY_ENGINE_STEPS = 100_000
