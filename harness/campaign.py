@@ -236,6 +236,7 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
     from hypothesis import Verbosity
 
     from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.run.supervise import supervised
     from kvspec.harness.traces.report import write_report
     from kvspec.harness.traces.trace import trace_from_json
 
@@ -245,7 +246,8 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
         overrides["database"] = None
     start = time.monotonic()
     with entry.patch() if entry.patch else nullcontext():
-        res = run_fuzz(fuzz, entry.catalogue_entry(), settings_overrides=overrides)
+        target = entry.catalogue_entry()
+        res = supervised(fuzz, lambda: run_fuzz(fuzz, target, settings_overrides=overrides), lambda: target)
     if res.trace is None:
         runs = "scheduler runs" if entry.origin == "scheduler" else f"examples, {res.steps} steps"
         note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} {runs}"

@@ -121,6 +121,12 @@ def _add_fuzz_checks(f: argparse.ArgumentParser) -> None:
     )
     f.add_argument("--kv-check", action="store_true", help="also check KV contents with the oracle (harness/oracle/)")
     f.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the target in kvspec's own process, not in a supervised child: no report if it crashes "
+        "(for a debugger; harness/run/supervise.py)",
+    )
+    f.add_argument(
         "--strict-known", action="store_true", help="known target bugs (harness/ledger/known_bugs.py) fail the run too"
     )
     f.add_argument("--no-ledger", action="store_true", help="turn the KV ledger off (harness/ledger/; on by default)")
@@ -215,34 +221,46 @@ def _passthrough(argv: list[str]) -> int | None:
 def fuzz(opts: FuzzOptions, relation_given: bool = True) -> int:
     """``kvspec fuzz``, its options already checked (``FuzzOptions.from_namespace``); without
     ``relation_given`` the target's own relation replaces ``opts.relation``: the target resolved
-    (``harness.run.catalogue``), the one run loop run with SIGINT and SIGTERM handled, then the summary
-    and the report (``harness.run.finish``)."""
+    (``harness.run.catalogue``) and the one run loop run with SIGINT and SIGTERM handled, both in a
+    child process this one outlives (``harness.run.supervise``: a target that crashes is a finding),
+    then the summary and the report (``harness.run.finish``)."""
     from kvspec.harness.run.finish import finish_fuzz
-    from kvspec.harness.run.fuzzing import FuzzResult, NothingToRun
-    from kvspec.harness.run.signals import SIGNALS, Interrupted
+    from kvspec.harness.run.signals import SIGNALS
+    from kvspec.harness.run.supervise import supervised
 
     tty = sys.stderr.isatty()
     with SIGNALS.installed():
-        try:
-            with SIGNALS.armed():
-                opts, target, choice = _load_fuzz_target(opts, relation_given)
-            opts = _unused_options(opts, target)
-            workers = f", {opts.workers} workers" if opts.workers > 1 else ""
-            print(
-                f"kvspec fuzz: target {opts.target}, families {','.join(opts.families)}, up to {opts.seconds:g}s, "
-                f"seed {opts.seed}{workers}; reports to {opts.out}\n"
-                f"kvspec fuzz: {choice.line(ledger=not opts.no_ledger)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            res = _run_fuzz(opts, target, tty)
-        except Interrupted as e:  # while the target was loading
-            res = FuzzResult(interrupted=e.signum)
-        except NothingToRun as e:
-            raise UsageError(str(e)) from None
+        res = supervised(opts, lambda: _fuzz_run(opts, relation_given, tty))
         if tty:
             print(file=sys.stderr)
-        return finish_fuzz(opts, res, verbose=tty or opts.stats)
+        return finish_fuzz(res.opts or opts, res, verbose=tty or opts.stats)
+
+
+def _fuzz_run(opts: FuzzOptions, relation_given: bool, tty: bool) -> Any:
+    """The supervised part of ``kvspec fuzz``: the target loaded, the run made; its ``FuzzResult``
+    carries the options in force (the relation chosen, options the driver cannot use dropped)."""
+    from kvspec.harness.run.fuzzing import FuzzResult, NothingToRun
+    from kvspec.harness.run.signals import SIGNALS, Interrupted
+
+    try:
+        with SIGNALS.armed():
+            opts, target, choice = _load_fuzz_target(opts, relation_given)
+        opts = _unused_options(opts, target)
+        workers = f", {opts.workers} workers" if opts.workers > 1 else ""
+        print(
+            f"kvspec fuzz: target {opts.target}, families {','.join(opts.families)}, up to {opts.seconds:g}s, "
+            f"seed {opts.seed}{workers}; reports to {opts.out}\n"
+            f"kvspec fuzz: {choice.line(ledger=not opts.no_ledger)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        res = _run_fuzz(opts, target, tty)
+    except Interrupted as e:  # while the target was loading
+        res = FuzzResult(interrupted=e.signum)
+    except NothingToRun as e:
+        raise UsageError(str(e)) from None
+    res.opts = opts
+    return res
 
 
 def _run_fuzz(opts: FuzzOptions, target: Any, tty: bool) -> Any:

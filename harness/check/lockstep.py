@@ -34,6 +34,7 @@ from kvspec.harness.check.unchanged import LastInputs
 from kvspec.harness.check.witness import Step, outcome_blocks, state_finding
 from kvspec.harness.core import ops as O
 from kvspec.harness.core.equality import ObsDiff, get_relation, observation_differences, outcome_difference
+from kvspec.harness.core.flight import FLIGHT
 from kvspec.harness.core.glimpse import full_check_every as get_full_check_every
 from kvspec.harness.core.glimpse import glimpse_differences, glimpse_to_json, has_glimpse
 from kvspec.harness.core.observation import Observation
@@ -116,6 +117,7 @@ class Lockstep:
         """Apply ``op`` to both; return the outcome the scheduler acts on (equal on both sides)."""
         i = self._count(op)
         ref_out = self._apply_reference(i, op)
+        FLIGHT.op(op)
         tgt_out = self._call_target(i, op, ref_out)
         self._check_outcome_form(i, op, ref_out, tgt_out)
         self.steps.append((op, ref_out if self.ref is not None else tgt_out))

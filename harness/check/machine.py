@@ -29,6 +29,7 @@ from kvspec.harness.check.hypothesis_run import cap_shrinking, run_as_test
 from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.core import ops as O
+from kvspec.harness.core.flight import FLIGHT
 from kvspec.harness.targets.base import Target, Unsupported, bind_release
 from kvspec.harness.world.families import configs, near_points, workload_features
 from kvspec.harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
@@ -118,6 +119,7 @@ def _record_finding(stats: RunStats, finding: Finding, steps: list[tuple[O.Op, A
         stats.stalled = 0  # progress
     if stats.best is None or len(steps) <= len(stats.best[1]):
         stats.best = (finding, steps, config)
+        FLIGHT.found_steps(finding.to_json(), steps, config)  # kept should the target crash from here on
     if first:
         bound = _cap_shrinking(stats)
         if stats.on_finding is not None:
@@ -216,6 +218,7 @@ class KVMachine(RuleBasedStateMachine):
 
     def _new_target(self, config: KVCacheConfig) -> Target:
         """A fresh target; a factory that raises (even ``SystemExit``) is a ``target-raised`` finding at setup."""
+        FLIGHT.begin(config)
         try:
             return type(self).target_factory()
         except KeyboardInterrupt:

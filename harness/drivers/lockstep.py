@@ -29,6 +29,7 @@ from kvspec.harness.drivers.base import (
     TurnOutcome,
     reduce_finding,
 )
+from kvspec.harness.drivers.isolated import CRASHED, replay_isolated
 from kvspec.harness.traces.replay import ReplayResult, replay
 from kvspec.harness.traces.trace import Trace, trace_to_json
 
@@ -117,6 +118,9 @@ class LockstepDriver:
         return None
 
     def replay(self, trace: Trace, where: str) -> ReplayResult:
+        """In this process; a trace that ends in a crash (or hang) in a child (``harness.drivers.isolated``)."""
+        if (trace.finding or {}).get("kind") in (CRASHED, "target-hung"):
+            return replay_isolated(trace, self.factory, self.settings.checks)
         return replay(trace, self.factory, self.settings.checks)
 
 

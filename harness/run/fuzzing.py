@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvspec.harness.core.flight import FLIGHT
 from kvspec.harness.drivers.base import DriveHooks, Driver, DriveSettings, Found, TurnOutcome
 from kvspec.harness.run.options import FuzzOptions
 from kvspec.harness.run.signals import SIGNALS
@@ -56,6 +57,7 @@ class FuzzResult:
     interrupted: int | None = None  # the signal that stopped the run (the trace, if any: the smallest so far)
     detail: str = ""  # the driver's own figures, for the summary line
     families: tuple[str, ...] = ()  # the families the driver planned to run, then those it skips
+    opts: FuzzOptions | None = None  # the options in force, when they differ from those asked (``kvspec fuzz``)
 
     def add(self, other: FuzzResult) -> None:
         """Merge another worker's counts (not its finding)."""
@@ -96,6 +98,7 @@ def run_fuzz(
     deadline = start + opts.seconds
     hooks = _hooks(opts, start, deadline, bounded, announce)
     driver = target.driver(target.factory, drive_settings(opts, settings_overrides), hooks)
+    FLIGHT.note_run({"target": opts.target, "relation": opts.relation})
     with driver.session():
         plan = driver.plan(opts.families)
         if not plan.families:
@@ -190,6 +193,7 @@ class _Loop:
             turn += 1
             if fam in res.skipped:
                 continue
+            FLIGHT.turn(fam, seed)
             t0 = time.monotonic()
             self.record(fam, self.driver.run_turn(fam, seed))
             res.batches[fam] += 1
@@ -208,6 +212,7 @@ class _Loop:
             res.skipped[fam] = out.skipped
             _say(self.announce, f"kvspec fuzz: family {fam} skipped: {out.skipped}")
         if out.found is not None:
+            self.keep_first(out.found)
             self.keep(self.reduced(out.found))
         elif out.stopped is not None:
             res.found_family, res.stopped = fam, out.stopped
@@ -223,6 +228,14 @@ class _Loop:
         if seconds <= 0 or SIGNALS.signum is not None:
             return found
         return self.driver.reduce(found, seconds)
+
+    def keep_first(self, found: Found) -> None:
+        """The finding as found, with the flight recorder before it is reduced: if the target crashes
+        while it is, the supervisor (``harness.run.supervise``) reports it as it was."""
+        if FLIGHT.fd is not None:
+            from kvspec.harness.traces.trace import trace_to_json
+
+            FLIGHT.found(trace_to_json(found.trace))
 
     def keep(self, found: Found) -> None:
         from kvspec.harness.traces.trace import trace_to_json

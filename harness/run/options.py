@@ -65,6 +65,7 @@ class FuzzOptions:
     no_world_checks: bool = False  # vllm-scheduler: the world's facts and conservation off (world_checks)
     db: str | None = None  # the example database (default $KVSPEC_DB, else the profile's)
     workers: int = 1  # processes on the one database (harness.run.workers)
+    in_process: bool = False  # the target in kvspec's own process (a crash ends the run; for a debugger)
     junit_xml: str | None = None  # also write JUnit XML here
     memory_mb: float | None = None  # the target's memory growth bound (KVSPEC_TARGET_MEMORY_MB; None: off)
     full_check_every: int | None = None  # whole observations every N operations (KVSPEC_FULL_CHECK_EVERY; None: auto)

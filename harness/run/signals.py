@@ -49,6 +49,11 @@ class StopSignals:
         if not isinstance(info.exc_value, Interrupted):
             (self._saved_hook or sys.__unraisablehook__)(info)
 
+    def note(self, signum: int) -> None:
+        """A signal this process learnt of another way (a supervisor passing it on to its child)."""
+        if self.signum is None:
+            self.signum = signum
+
     def poll(self) -> None:
         """Raise ``Interrupted`` if a signal came (called where stopping is safe)."""
         if self.signum is not None:

@@ -37,6 +37,7 @@ from kvspec.harness.run.catalogue import fuzz_target
 from kvspec.harness.run.fuzzing import FuzzResult, progress_line, run_fuzz
 from kvspec.harness.run.options import FuzzOptions
 from kvspec.harness.run.signals import SIGNALS
+from kvspec.harness.run.supervise import supervised
 
 GRACE_SECONDS = 10.0  # after a signal, how long the parent waits for the workers' results
 _STOP: Any = None  # the shared stop event, in each worker process
@@ -64,15 +65,18 @@ def _work(opts: FuzzOptions, worker: int, workers: int, tty: bool = False) -> Fu
         line = line.replace("kvspec fuzz:", f"kvspec fuzz: worker {worker}:", 1)
         print(("\n" if tty else "") + line, file=sys.stderr, flush=True)
 
-    return run_fuzz(
+    return supervised(
         opts,
-        fuzz_target(opts),
-        worker,
-        workers,
-        should_stop=_STOP.is_set,
-        on_batch=on_batch,
-        bounded=True,
-        announce=announce,
+        lambda: run_fuzz(
+            opts,
+            fuzz_target(opts),
+            worker,
+            workers,
+            should_stop=_STOP.is_set,
+            on_batch=on_batch,
+            bounded=True,
+            announce=announce,
+        ),
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from kvspec.harness.core import ops as O
+from kvspec.harness.core.flight import FLIGHT
 from kvspec.harness.targets.base import Target, Unsupported
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.spec.config import ConfigError, KVCacheConfig
@@ -73,6 +74,7 @@ def run_ops(
 ) -> tuple[Finding | None, list[tuple[O.Op, object]]]:
     """Replay ``ops`` in lockstep on a fresh spec and target, checked as ``checks`` says: the first
     finding (or None) and the steps applied, with the reference's outcomes."""
+    FLIGHT.begin(config)
     ls = Lockstep(config, target_factory(), checks)
     try:
         ls.start()
@@ -84,6 +86,16 @@ def run_ops(
     except Unsupported:
         return None, list(ls.steps)
     return None, list(ls.steps)
+
+
+def spec_steps(config: KVCacheConfig, ops: Ops) -> list[tuple[O.Op, object]]:
+    """``ops`` with the spec's outcomes (None past an operation the spec does not accept)."""
+    _, steps = run_ops(config, ops, SpecTarget, CheckSettings())
+    return steps + [(op, None) for op in ops[len(steps) :]]
+
+
+Steps = list[tuple[O.Op, object]]
+Runner = Callable[[KVCacheConfig, Ops, Callable[[], Target], CheckSettings], tuple[Finding | None, Steps]]
 
 
 def is_valid_trace(config: KVCacheConfig, ops: Ops, finding: Finding | None = None) -> bool:
@@ -116,8 +128,9 @@ class _Reducer:
         checks: CheckSettings,
         deadline: float,
         should_stop: Callable[[], bool] | None = None,
+        runner: Runner = run_ops,
     ) -> None:
-        self.config, self.ops, self.finding = config, ops, finding
+        self.config, self.ops, self.finding, self.runner = config, ops, finding, runner
         self.target_factory, self.checks = target_factory, checks
         self.deadline, self.should_stop = deadline, should_stop
         self.replays = 0
@@ -132,7 +145,7 @@ class _Reducer:
         if self.out_of_time():
             return False
         self.replays += 1
-        found, steps = run_ops(config, ops, self.target_factory, self.checks)
+        found, steps = self.runner(config, ops, self.target_factory, self.checks)
         if found is None or not same_finding(found, self.finding):
             return False
         if not is_valid_trace(config, [op for op, _ in steps], found):
@@ -201,14 +214,16 @@ def reduce_trace(
     checks: CheckSettings = DEFAULT_CHECKS,
     seconds: float = 10.0,
     should_stop: Callable[[], bool] | None = None,
+    runner: Runner = run_ops,
 ) -> Reduction:
     """The smallest trace found within ``seconds`` (or until ``should_stop()``, checked before each
     candidate) that still ends in ``finding`` (the original trace, cut after its failing step, when
-    nothing smaller replays to it)."""
+    nothing smaller replays to it).  ``runner`` replays one candidate (``run_ops``; a crashing target's
+    in a child process, ``harness.drivers.isolated``)."""
     t0 = time.monotonic()
-    r = _Reducer(config, list(ops), finding, target_factory, checks, t0 + seconds, should_stop)
+    r = _Reducer(config, list(ops), finding, target_factory, checks, t0 + seconds, should_stop, runner)
     r.replays += 1
-    found, steps = run_ops(config, list(ops), target_factory, checks)
+    found, steps = runner(config, list(ops), target_factory, checks)
     if found is None or not same_finding(found, finding):
         raise ValueError(f"the trace does not replay to its finding ({finding.summary()}): nothing to reduce")
     r.finding, r.steps, r.ops = found, steps, [op for op, _ in steps]

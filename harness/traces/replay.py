@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from kvspec.harness.core.equality import outcome_difference
+from kvspec.harness.core.flight import FLIGHT
 from kvspec.harness.targets.base import Target, Unsupported
 from kvspec.harness.traces.trace import Trace
 
@@ -32,6 +33,7 @@ class ReplayResult:
 def replay(trace: Trace, target_factory: Callable[[], Target], checks: CheckSettings = DEFAULT_CHECKS) -> ReplayResult:
     """Replay ``trace`` on a fresh target of ``target_factory``, checked as ``checks`` says under the
     trace's own relation: ok when every step behaves as recorded."""
+    FLIGHT.begin(trace.config)
     ls = Lockstep(trace.config, target_factory(), replace(checks, relation=trace.relation))
     try:
         ls.start()

@@ -311,7 +311,7 @@ def test_signal_while_reducing_writes_the_reduced_so_far(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(kvspec.harness.traces.reduce, "run_ops", signalling_run_ops)
     # --seconds 60 (not 2): on a loaded machine the finding may come after 2 s, leaving the reducer no time.
-    assert run_bug_in_process(tmp_path, "--seconds", "60", "--reduce-seconds", "600") == 130
+    assert run_bug_in_process(tmp_path, "--seconds", "60", "--reduce-seconds", "600", "--in-process") == 130
     stdout = capsys.readouterr().out
     assert "interrupted by SIGINT" in stdout and "report written to" in stdout
     assert 3 <= len(calls) <= 6, "the reducer went on after the signal"

@@ -11,6 +11,7 @@ import pytest
 
 import kvspec.harness.cli
 import kvspec.harness.run.fuzzing
+import kvspec.harness.run.supervise
 import kvspec.harness.run.workers
 from kvspec.harness.bench.workers import measure
 from kvspec.harness.campaign import builtin_entries, run_entry
@@ -103,6 +104,8 @@ def test_a_campaign_row_runs_the_cli_options(monkeypatch, tmp_path, mode):
     monkeypatch.setattr(
         kvspec.harness.run.fuzzing, "run_fuzz", lambda opts, *a, **kw: seen.append(opts) or FuzzResult()
     )
+    # in this process (a row runs supervised, in a child whose ``seen`` this test would not see)
+    monkeypatch.setattr(kvspec.harness.run.supervise, "supervised", lambda opts, body, entry=None: body())
     out = str(tmp_path / "m")
     ns = _parser().parse_args(["mutants", "--seconds", "5", "--seed", "3", "--batch", "7", "--out", out])
     entry = next(e for e in builtin_entries(with_vllm=False) if e.origin == "spec" and e.mode == mode)

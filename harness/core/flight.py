@@ -1,0 +1,168 @@
+"""The flight recorder: what a run was doing, written as it happens, for the process that outlives it.
+
+A target runs inside kvspec's own process, so a target that segfaults, aborts or calls ``os._exit``
+takes the run with it.  The run is therefore made in a child process (``harness.drivers.isolated``)
+whose recorder writes, before each call into the target, what is about to happen: the turn (family
+and seed), the start of each example (its configuration), each operation.  The writes go straight
+to a file (one ``os.write`` each, nothing buffered in the process), so when the child dies the parent
+reads the file and knows the example and the operation the target died in.  A finding made before
+the crash is written to a side file at once, before it is reduced, so the crash cannot lose it.
+
+Cost: one pickle and one ``write`` per operation (about 5 us; ``python -m kvspec.harness.bench.supervision``
+measures the run with and without).  Off (one attribute test per call) unless a supervisor opened it.
+
+The file is the supervisor's own temporary file, read back by ``read_flight`` with an unpickler that
+builds nothing but plain values and the operations of ``harness.core.ops``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.harness.core import ops as O
+
+_FRAME = struct.Struct("<I")
+_TRUNCATE_AT = 1 << 20  # bytes: at an example's start, a longer file is emptied first
+
+
+@dataclass
+class FlightLog:
+    """What a recorder's file says of the last moments of its process: the run's own facts (target,
+    relation, ...), the turn under way (family, seed), the last example's configuration (JSON) and the
+    operations sent to the target in it, the last one first to suspect; and a finding recorded before
+    the end: by the run loop as trace JSON (``found``), or by the lockstep before shrinking went on
+    (``found_steps``)."""
+
+    run: dict[str, Any] = field(default_factory=dict)
+    family: str | None = None
+    seed: int | None = None
+    config: dict[str, Any] | None = None
+    ops: list[O.Op] = field(default_factory=list)
+    found: dict[str, Any] | None = None
+    found_steps: tuple[dict[str, Any], list[tuple[O.Op, Any]], dict[str, Any]] | None = None  # finding, steps, config
+
+    def where(self) -> str:
+        """Where the target was when the process ended, in words."""
+        if self.config is None:
+            return "before its first example (loading the target)"
+        if not self.ops:
+            return "in its factory, reset or first observation, before any operation"
+        last = self.ops[-1]
+        return f"at operation {len(self.ops) - 1} ({last.op}) or in the checks right after it"
+
+
+class FlightRecorder:
+    """The recorder of this process: off until ``open``; every record is one frame (length, pickle)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.found_path: str | None = None
+        self.encode_config: Callable[[Any], dict[str, Any]] = lambda c: {}
+        self.written = 0
+        self.context: dict[str, tuple[Any, ...]] = {}  # the run's and the turn's records (again after emptying)
+
+    def open(self, fd: int, found_path: str, encode_config: Callable[[Any], dict[str, Any]]) -> None:
+        self.fd, self.found_path, self.encode_config, self.written = fd, found_path, encode_config, 0
+        self.context = {}
+
+    def close(self) -> None:
+        self.fd = None
+
+    def note_run(self, facts: dict[str, Any]) -> None:
+        """The run's own facts (the target's name, the relation in force), once, at its start."""
+        self.context["run"] = ("run", facts)
+        self._write(self.context["run"])
+
+    def turn(self, family: str, seed: int | None) -> None:
+        self.context["turn"] = ("turn", family, seed)
+        self._write(self.context["turn"])
+
+    def begin(self, config: Any) -> None:
+        """An example starts on ``config`` (before the target's reset)."""
+        if self.fd is None:
+            return
+        if self.written > _TRUNCATE_AT:
+            os.ftruncate(self.fd, 0)
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            self.written = 0
+            for record in self.context.values():
+                self._write(record)
+        self._write(("begin", self.encode_config(config)))
+
+    def op(self, op: O.Op) -> None:
+        """``op`` is about to be sent to the target."""
+        if self.fd is not None:
+            self._write(("op", op))
+
+    def found_steps(self, finding: dict[str, Any], steps: list[tuple[O.Op, Any]], config: Any) -> None:
+        """The smallest finding so far, as the lockstep recorded it (outcomes in JSON form), before
+        Hypothesis goes on shrinking it: kept in this file (and again after it is emptied)."""
+        if self.fd is not None:
+            self.context["found"] = ("found", finding, steps, self.encode_config(config))
+            self._write(self.context["found"])
+
+    def found(self, trace_json: dict[str, Any]) -> None:
+        """A finding, as trace JSON, kept before anything else is tried on the target."""
+        if self.found_path is None:
+            return
+        tmp = self.found_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(trace_json, f)
+        os.replace(tmp, self.found_path)
+
+    def _write(self, record: tuple[Any, ...]) -> None:
+        if self.fd is None:
+            return
+        data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        self.written += os.write(self.fd, _FRAME.pack(len(data)) + data)
+
+
+FLIGHT = FlightRecorder()
+
+
+class _Unpickler(pickle.Unpickler):
+    """Builds plain values and the operations of ``harness.core.ops``, nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == O.__name__ and name in {t.__name__ for t in (*O.OP_TYPES.values(), O.MMFeatureSpec)}:
+            return getattr(O, name)
+        raise pickle.UnpicklingError(f"the flight record names {module}.{name}, which it never holds")
+
+
+def read_flight(path: str, found_path: str | None = None) -> FlightLog:
+    """The log a recorder left at ``path`` (and ``found_path``); a frame cut short by the end is dropped."""
+    log = FlightLog()
+    with open(path, "rb") as f:
+        data = f.read()
+    at = 0
+    while at + _FRAME.size <= len(data):
+        (n,) = _FRAME.unpack_from(data, at)
+        if at + _FRAME.size + n > len(data):
+            break
+        _apply(log, _Unpickler(io.BytesIO(data[at + _FRAME.size : at + _FRAME.size + n])).load())
+        at += _FRAME.size + n
+    if found_path is not None and os.path.exists(found_path):
+        with open(found_path, encoding="utf-8") as f:
+            log.found = json.load(f)
+    return log
+
+
+def _apply(log: FlightLog, record: tuple[Any, ...]) -> None:
+    kind = record[0]
+    if kind == "run":
+        log.run.update(record[1])
+    elif kind == "turn":
+        log.family, log.seed, log.config, log.ops = record[1], record[2], None, []
+    elif kind == "begin":
+        log.config, log.ops = record[1], []
+    elif kind == "op":
+        log.ops.append(record[1])
+    elif kind == "found":
+        log.found_steps = (record[1], record[2], record[3])
