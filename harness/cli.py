@@ -4,10 +4,13 @@
   found, 1 if a report was written (under DIR, or, if DIR cannot be written after all, under a fresh
   folder of the system temp dir, said on stderr), 2 on bad usage (every option is checked before any
   work: numbers finite and in range, DIR a folder that can be created and written) or a target that
-  cannot be loaded, 130 on SIGINT and 143 on SIGTERM (the run stops cleanly; a finding already made,
+  cannot be loaded, 4 if the run checked nothing (every family refused, or no example finished: the
+  line says why), 130 on SIGINT and 143 on SIGTERM (the run stops cleanly; a finding already made,
   even one still being shrunk or reduced, is written first, the smallest trace so far, and the
   message says where).  ``--seconds`` bounds the whole run, shrinking and reduction included, plus a
-  few seconds for the batch under way and the report;
+  few seconds for the batch under way and the report.  The target runs in a supervised child
+  (``harness.run.supervise``): one that crashes (a signal, ``os._exit``, ``abort``) is a
+  ``target-crashed`` finding with its report, unless ``--in-process``;
 - ``kvspec replay PATH...``: exit 0 if every trace behaves as recorded, 1 otherwise, 2 on a bad file;
 - ``kvspec report PATH``: print the report of a trace;
 - ``kvspec mutants [--target T]``: the deliberate-bug campaign (``harness.campaign``); exit 1 if one survives;

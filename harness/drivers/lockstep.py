@@ -2,7 +2,7 @@
 workload, the spec and the target are stepped together (``harness.check.lockstep``).
 
 One turn is one Hypothesis batch (``DriveSettings.hypothesis``: the profile, ``--batch`` examples) of
-one family, seeded ``seed * 1_000_003 + turn * workers + worker`` (so one worker reproduces the
+one family, seeded ``(seed * 1_000_003 + turn * workers + worker) mod 2**64`` (so one worker reproduces the
 single-process run).  A failing example is Hypothesis' to shrink while that helps
 (``--shrink-stall``; off by default), then the reducer's (``harness.traces.reduce``).  The state
 machines are made once per run, one per family, and share the run's ``RunStats``.
@@ -65,7 +65,9 @@ class LockstepDriver:
         return make_machine(family, self.factory, self.settings.target, self.settings.checks, self.stats)
 
     def turn_seed(self, seed: int, turn: int, worker: int, workers: int) -> int:
-        return seed * 1_000_003 + turn * workers + worker
+        """Taken modulo 2**64, so that any ``--seed`` (negative, or ``$(date +%s%N)``) gives a seed a
+        trace can record (its field holds 64 bits)."""
+        return (seed * 1_000_003 + turn * workers + worker) % SEED_RANGE
 
     def run_turn(self, family: str, seed: int | None) -> TurnOutcome:
         """One batch: a finding is recorded (the shortest so far when shrinking was cut short by a
@@ -109,7 +111,7 @@ class LockstepDriver:
     def tally(self, elapsed: float) -> Tally:
         st, s = self.stats, self.settings
         known_traces = {
-            bug_id: trace_to_json(run_trace(st, s, finding, steps, config, s.seed))
+            bug_id: trace_to_json(run_trace(st, s, finding, steps, config, s.seed % SEED_RANGE))
             for bug_id, (finding, steps, config) in st.known_first.items()
         }
         return Tally(st.examples, st.steps, Counter(st.events), Counter(st.known), known_traces, dict(st.skipped))
@@ -165,3 +167,6 @@ def run_trace(
         relation=settings.checks.relation,
         finding=finding.to_json(),
     )
+
+
+SEED_RANGE = 1 << 64  # a trace's seed is recorded in 64 bits (harness.traces.trace)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.harness.drivers.base import signal_name
-from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE, exit_on_signal
+from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_UNCHECKED, EXIT_USAGE, exit_on_signal
 from kvspec.harness.run.fuzzing import FuzzResult
 from kvspec.harness.run.options import FuzzOptions
 
@@ -36,6 +36,8 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
         )
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
+    elif res.steps == 0:
+        print(f"kvspec fuzz: CHECKED NOTHING in {el:.1f}s, target {opts.target}: {nothing_checked(res)}")
     else:
         ran = [f for f in _families(opts, res) if f not in res.skipped]
         skipped = f" (skipped: {','.join(res.skipped)})" if res.skipped else ""
@@ -50,7 +52,18 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
         return exit_on_signal(res.interrupted)
     if res.trace is not None or res.stopped is not None:
         return EXIT_FOUND
+    if res.steps == 0:
+        return EXIT_UNCHECKED
     return EXIT_OK if junit_ok else EXIT_USAGE
+
+
+def nothing_checked(res: FuzzResult) -> str:
+    """Why a run checked no operation: each family refused, with the target's reason, or none finished."""
+    if res.skipped:
+        return "every family was refused: " + "; ".join(f"{fam}: {why}" for fam, why in res.skipped.items())
+    if res.examples == 0:
+        return "no example finished within --seconds (a slow start-up? raise --seconds)"
+    return f"{res.examples} examples ran but none applied an operation"
 
 
 def _families(opts: FuzzOptions, res: FuzzResult) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Collection, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -97,6 +98,8 @@ def _vllm(assume_release: str | None = None) -> SimpleNamespace:
         )
     except UnknownRelease as e:
         raise VllmUnavailable(str(e)) from None
+    for line in api.assumed:
+        print(f"kvspec: {line}", file=sys.stderr)
     _V[assume_release] = SimpleNamespace(
         api=api,
         torch=torch,

@@ -43,13 +43,14 @@ class VllmApi:
 
     version: str
     profile: Profile
-    manager_params: frozenset[str]
+    manager_params: frozenset[str] | None  # None: hidden behind ``**kwargs`` (every keyword passed)
     manager_renames: Mapping[str, str]  # kvspec's keyword -> this release's name for it
-    allocate_params: frozenset[str]
+    allocate_params: frozenset[str] | None
     hash_attr: str  # KVCacheBlock attribute holding the map key
     hash_tokens_attr: str | None  # ... and the number of prefix tokens it covers (None: no such field)
     map_holds_ids: bool  # 0.34: BlockHashToBlockMap stores block ids (+ _dup_ids), not blocks
     logprob_start: bool  # SamplingParams has prompt_logprob_start (0.31 on)
+    assumed: tuple[str, ...] = ()  # what the probe could not see and took for granted, in words
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
@@ -70,11 +71,11 @@ class ReleaseMismatch(Exception):
 
 
 def _accepted(
-    what: str, params: frozenset[str], wanted: Mapping[str, Any], defaults: Mapping[str, Any], version: str
+    what: str, params: frozenset[str] | None, wanted: Mapping[str, Any], defaults: Mapping[str, Any], version: str
 ) -> dict[str, Any]:
     out = {}
     for name, value in wanted.items():
-        if name in params:
+        if params is None or name in params:  # None: it takes any keyword (a wrapper's **kwargs)
             out[name] = value
         elif name in defaults and (defaults[name] is ANY or value == defaults[name]):
             continue
@@ -108,6 +109,9 @@ def probe(
     tokens = next((a for a in ("_block_hash_num_tokens", "block_hash_num_tokens") if a in slots), None)
     map_init = inspect.signature(map_cls.__init__).parameters
     manager_params = _params(manager_cls.__init__)
+    allocate_params = _params(manager_cls.allocate_slots)
+    probed = (("KVCacheManager.__init__", manager_params), ("allocate_slots", allocate_params))
+    hidden = [what for what, params in probed if params is None]
     return VllmApi(
         version=version,
         profile=installed_profile(version, assumed),
@@ -115,13 +119,18 @@ def probe(
         manager_renames={
             new: old
             for new, old in _RENAMED_MANAGER_PARAMS.items()
-            if new not in manager_params and old in manager_params
+            if manager_params is not None and new not in manager_params and old in manager_params
         },
-        allocate_params=_params(manager_cls.allocate_slots),
+        allocate_params=allocate_params,
         hash_attr=hash_attr,
         hash_tokens_attr=tokens,
         map_holds_ids="blocks" in map_init,
         logprob_start="prompt_logprob_start" in fields_of(sampling_cls),
+        assumed=tuple(
+            f"vLLM {version} {w} shows only *args/**kwargs (a wrapper without functools.wraps?): "
+            "every keyword is passed to it, and one it does not take will raise (a target-raised finding)"
+            for w in hidden
+        ),
     )
 
 
@@ -142,8 +151,35 @@ token count the sliding-window and chunked-local admission caps add (vLLM 0.26 r
 arithmetic is unchanged, and ``None`` means ``max_model_len`` in both)."""
 
 
-def _params(fn: Callable[..., Any]) -> frozenset[str]:
-    return frozenset(p for p in inspect.signature(fn).parameters if p != "self")
+def _params(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The keywords ``fn`` takes, seen through wrappers: ``__wrapped__`` (``functools.wraps``), else a
+    function of the same name the wrapper closes over; None when all it shows is ``*args, **kwargs``."""
+    params = inspect.signature(inspect.unwrap(fn)).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return frozenset(p for p in params if p != "self")
+    for inner in _closed_over(fn):
+        found = _params(inner)
+        if found is not None:
+            return found
+    named = frozenset(p for p, v in params.items() if p != "self" and v.kind not in _VARIADIC)
+    return named or None
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _closed_over(fn: Callable[..., Any]) -> list[Callable[..., Any]]:
+    """The functions named like ``fn`` in its closure (the original a hand-written wrapper calls)."""
+    cells = getattr(inspect.unwrap(fn), "__closure__", None) or ()
+    out: list[Callable[..., Any]] = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if inspect.isfunction(value) and value is not fn and value.__name__ == getattr(fn, "__name__", None):
+            out.append(value)
+    return out
 
 
 def split_computed(result: tuple[Any, ...]) -> tuple[Any, int]:
