@@ -1,7 +1,10 @@
-"""``python -m kvspec.harness`` is ``kvspec``."""
+"""``python -m kvspec.harness`` is ``kvspec`` (a Ctrl-C while it starts up: exit 130, no traceback)."""
 
 import sys
 
-from kvspec.harness.cli import main
+try:
+    from kvspec.harness.cli import main
+except KeyboardInterrupt:
+    sys.exit(130)
 
 sys.exit(main())

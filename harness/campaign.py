@@ -249,8 +249,12 @@ def run_entry(entry: Entry, opts: MutantsOptions) -> Row:
         target = entry.catalogue_entry()
         res = supervised(fuzz, lambda: run_fuzz(fuzz, target, settings_overrides=overrides), lambda: target)
     if res.trace is None:
+        from kvspec.harness.run.finish import nothing_checked
+
         runs = "scheduler runs" if entry.origin == "scheduler" else f"examples, {res.steps} steps"
         note = f"stopped: {res.stopped}" if res.stopped else f"survived {res.examples} {runs}"
+        if res.steps == 0 and not res.stopped:
+            note = f"CHECKED NOTHING: {nothing_checked(res)}"
         return Row(entry, killed=False, note=note)
     report = write_report(opts.out, trace_from_json(res.trace))
     return Row(

@@ -20,11 +20,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE, exit_on_signal
 from kvspec.harness.run.options import FuzzOptions, MutantsOptions, UsageError
 
 
@@ -173,6 +176,38 @@ def _add_replay(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``kvspec``'s exit status; SIGINT or SIGTERM outside ``fuzz``'s own handling (start-up, ``pd``,
+    ``releases``, ``replay``): 130 or 143 and one line, never a traceback."""
+    with _stopped_by_signals() as stopped:
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            signum = stopped[0] if stopped else signal.SIGINT
+            print(f"kvspec: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+            return exit_on_signal(signum)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[list[int]]:
+    """SIGTERM raised as ``KeyboardInterrupt`` (as SIGINT is) in this block; the signal kept in the list."""
+    stopped: list[int] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        saved = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        yield stopped
+        return
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough = _passthrough(argv)
     if passthrough is not None:

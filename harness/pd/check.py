@@ -20,6 +20,7 @@ from kvspec.harness.pd.invariants import PD_INVARIANTS
 from kvspec.harness.pd.machine import PDFinding, make_pd_machine, run_pd_machine
 from kvspec.harness.pd.scenarios import SCENARIOS, describe, play
 from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import DAY, NumberRange, UsageError, check_numbers, check_writable_folder
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,14 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", action="store_true", help="replay the scripted counterexamples instead of fuzzing")
 
 
+PD_CHECK_NUMBERS = (
+    NumberRange("--seconds", 0, DAY, low_open=True),
+    NumberRange("--batch", 1, 1_000_000),
+    NumberRange("--steps", 1, 10_000),
+    NumberRange("--shrink-seconds", 0, DAY),
+)
+
+
 def check_main(args: argparse.Namespace) -> int:
     try:
         designs = [resolve_design(d.strip()) for d in args.design.split(",") if d.strip()]
@@ -50,10 +59,10 @@ def check_main(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown invariant(s) {unknown} (known: {', '.join(PD_INVARIANTS)})")
         if args.target not in ("spec", "vllm"):
             raise ValueError(f"unknown target {args.target!r} (spec or vllm)")
-        if args.seconds <= 0 or args.batch < 1 or args.steps < 1:
-            raise ValueError("--seconds, --batch and --steps must be positive")
+        check_numbers(args, PD_CHECK_NUMBERS)
+        check_writable_folder("--out", args.out, args.out)
         make_mirror = _mirror_factory(args.target)
-    except ValueError as e:
+    except (ValueError, UsageError) as e:
         print(f"kvspec pd check: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.scenarios:

@@ -22,6 +22,7 @@ from typing import Any
 from kvspec.harness.pd.check import add_check_arguments, check_main
 from kvspec.harness.pd.mc.cli import add_verify_arguments, verify_main
 from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import NumberRange, UsageError, check_numbers, check_writable_folder
 
 COSTS_FILE = "pd-manager-costs.json"
 RESULTS_FILE = "pd-sim-results.json"
@@ -90,6 +91,9 @@ def simulate_main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SIMULATE_NUMBERS = (NumberRange("--requests", 10, 10_000_000), NumberRange("--seeds", 1, 10_000))
+
+
 def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float, ...]] | None:
     """The workloads and loads to simulate (``--quick``: a small sweep), checked; None (said) on bad usage."""
     from kvspec.harness.pd.sim.experiment import DEFAULT_WORKLOADS, LOADS, WORKLOADS
@@ -102,11 +106,18 @@ def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float,
     workloads = [w.strip() for w in names.split(",") if w.strip()]
     try:
         loads = LOADS if args.loads is None else tuple(float(x) for x in args.loads.split(","))
+        check_numbers(args, SIMULATE_NUMBERS)
+        for load in loads:
+            check_numbers(argparse.Namespace(loads=load), (NumberRange("--loads", 0, 100, low_open=True),))
+        check_writable_folder("--out", args.out, args.out)
     except ValueError:
         print(f"kvspec pd simulate: --loads must be numbers, got {args.loads!r}", file=sys.stderr)
         return None
+    except UsageError as e:
+        print(f"kvspec pd simulate: {e}", file=sys.stderr)
+        return None
     bad = [w for w in workloads if w not in WORKLOADS]
-    if bad or args.requests < 10 or not loads or min(loads) <= 0 or args.seeds < 1:
+    if bad or not loads:
         print(
             f"kvspec pd simulate: bad usage (workloads {bad} unknown; "
             f"known {list(WORKLOADS)}; --requests >= 10; --seeds >= 1; loads > 0)",

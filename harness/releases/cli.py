@@ -22,7 +22,15 @@ from typing import Any
 
 from kvspec.harness.releases.diff import DiffResult, Met, diff_releases
 from kvspec.harness.run.exits import EXIT_FOUND, EXIT_OK, EXIT_USAGE
-from kvspec.harness.run.options import FuzzOptions, UsageError, check_choices
+from kvspec.harness.run.options import (
+    DAY,
+    FuzzOptions,
+    NumberRange,
+    UsageError,
+    check_choices,
+    check_numbers,
+    check_writable_folder,
+)
 from kvspec.spec.releases.line import RELEASES, UnknownRelease, changes_between, require_known
 
 
@@ -45,9 +53,9 @@ def releases_main(argv: list[str]) -> int:
         return EXIT_OK
     try:
         old, new = require_known(args.old), require_known(args.new)
-        if args.seconds <= 0:
-            raise UsageError(f"--seconds must be > 0, got {args.seconds:g}")
+        check_numbers(args, (NumberRange("--seconds", 0, DAY, low_open=True),))
         families = check_choices(args.family, "exact")
+        check_writable_folder("--out", args.out, args.out)
     except (UnknownRelease, UsageError) as e:
         print(f"kvspec releases diff: {e}", file=sys.stderr)
         return EXIT_USAGE

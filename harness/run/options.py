@@ -126,7 +126,7 @@ class MutantsOptions:
 
         if ns.seconds <= 0:
             raise UsageError("--seconds must be > 0")
-        _check_numbers(ns, (NumberRange("--shrink-stall", 0, 1_000_000),))
+        check_numbers(ns, (NumberRange("--shrink-stall", 0, 1_000_000),))
         with _as_usage_error():
             profile_settings(ns.profile)
         if ns.target is not None and ns.relation is not None:
@@ -193,18 +193,18 @@ def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
     """Every option of ``fuzz``, checked before any work (``UsageError`` says which and why); the families."""
     from kvspec.harness.run.profiles import check_database, profile_settings
 
-    _check_numbers(ns, FUZZ_NUMBERS)
+    check_numbers(ns, FUZZ_NUMBERS)
     families = check_choices(ns.family, ns.relation)
     with _as_usage_error():
         check_database(ns.db)
         profile_settings(ns.profile)
     if not ns.out:
         raise UsageError("--out '': an empty path; name the report folder")
-    _check_writable_folder("--out", ns.out, ns.out)
+    check_writable_folder("--out", ns.out, ns.out)
     if ns.junit_xml is not None:
         if not ns.junit_xml or Path(ns.junit_xml).is_dir():
             raise UsageError(f"--junit-xml {ns.junit_xml!r}: not a file name (empty, or a folder)")
-        _check_writable_folder("--junit-xml", str(Path(ns.junit_xml).parent), ns.junit_xml)
+        check_writable_folder("--junit-xml", str(Path(ns.junit_xml).parent), ns.junit_xml)
     return families
 
 
@@ -242,14 +242,16 @@ FUZZ_NUMBERS = (
 )
 
 
-def _check_numbers(ns: argparse.Namespace, table: tuple[NumberRange, ...]) -> None:
+def check_numbers(ns: argparse.Namespace, table: tuple[NumberRange, ...]) -> None:
+    """Every option of ``table`` in its range (``UsageError`` names the first that is not): the one
+    check of numbers for ``fuzz``, ``mutants``, ``releases diff`` and ``pd``."""
     for r in table:
         problem = r.problem(getattr(ns, r.option[2:].replace("-", "_")))
         if problem is not None:
             raise UsageError(problem)
 
 
-def _check_writable_folder(option: str, folder: str, shown: str) -> None:
+def check_writable_folder(option: str, folder: str, shown: str) -> None:
     """``folder`` is a folder this process can write in, or can create: it is made (with its missing
     parents), a temp file is written in it and removed, and the folders made for the check are removed
     again (nothing is left behind).  ``UsageError`` names ``option``, the path as given (``shown``)
@@ -274,6 +276,16 @@ def _check_writable_folder(option: str, folder: str, shown: str) -> None:
         raise UsageError(f"{option} {shown!r}: cannot create it or write in it: {e.strerror or e}") from None
     except ValueError as e:  # a NUL in the path
         raise UsageError(f"{option} {shown!r}: not a usable path: {e}") from None
+
+
+def check_new_file(option: str, path: str) -> None:
+    """``path`` names a file that does not exist yet, in a folder that can be written (nothing is ever
+    overwritten; ``UsageError`` says why not)."""
+    if not path:
+        raise UsageError(f"{option} '': an empty path; name a new file")
+    if os.path.lexists(path):
+        raise UsageError(f"{option} {path!r}: already exists; kvspec never overwrites a file, name a new one")
+    check_writable_folder(option, str(Path(path).parent), path)
 
 
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from kvspec.harness.pd.mc.designs import resolve_mc_design
 from kvspec.harness.pd.mc.model import SAFETY, Bounds
 from kvspec.harness.pd.mc.search import LIVENESS, Result, explore
 from kvspec.harness.run.exits import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from kvspec.harness.run.options import NumberRange, UsageError, check_new_file, check_numbers
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,15 +47,29 @@ def describe_bounds(b: Bounds) -> str:
     )
 
 
+VERIFY_NUMBERS = (
+    NumberRange("--requests", 1, 8),
+    NumberRange("--decoders", 1, 8),
+    NumberRange("--blocks", 1, 64),
+    NumberRange("--loss", 0, 8),
+    NumberRange("--dup", 0, 8),
+    NumberRange("--crash", 0, 8),
+    NumberRange("--max-states", 1, 50_000_000),
+)
+"""The bounds ``pd verify`` searches within: past these the state space outgrows any machine's memory
+(``--max-states`` is the search's own bound, exit 3 when reached)."""
+
+
 def verify_main(args: argparse.Namespace) -> int:
     try:
         designs = [resolve_mc_design(n.strip()) for n in args.design.split(",") if n.strip()]
         bounds = Bounds(args.requests, args.decoders, args.blocks, args.loss, args.dup, args.crash)
         if not designs or min(bounds.requests, bounds.decoders, bounds.blocks) < 1:
             raise ValueError("--requests, --decoders and --blocks must be at least 1, and --design non-empty")
-        if min(bounds.loss, bounds.dup, bounds.crash) < 0 or args.max_states < 1:
-            raise ValueError("--loss, --dup and --crash must be at least 0, --max-states at least 1")
-    except ValueError as e:
+        check_numbers(args, VERIFY_NUMBERS)
+        if args.out is not None:
+            check_new_file("--out", args.out)
+    except (ValueError, UsageError) as e:
         print(f"kvspec pd verify: {e}", file=sys.stderr)
         return EXIT_USAGE
     _say(f"bounds: {describe_bounds(bounds)}")
