@@ -13,6 +13,9 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from hypothesis import HealthCheck, Phase, settings
@@ -35,10 +38,34 @@ def database(spec: str | None = None) -> ExampleDatabase:
     return _database(spec or os.environ.get("KVSPEC_DB") or DEFAULT_DB)
 
 
+class FolderDatabase(DirectoryBasedExampleDatabase):
+    """Hypothesis' folder database that opens regular files only: a FIFO, a device or a link placed in
+    it (``/dev/zero``) is passed over instead of blocking or filling memory; a file larger than
+    ``MAX_EXAMPLE_BYTES`` is passed over too (no example kvspec writes comes near)."""
+
+    MAX_EXAMPLE_BYTES = 1 << 20
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        folder = self._key_path(key)
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # no such folder (nothing stored yet), or not a folder
+            return
+        for entry in entries:
+            try:
+                regular = entry.is_file(follow_symlinks=False)
+                if not regular or entry.stat(follow_symlinks=False).st_size > self.MAX_EXAMPLE_BYTES:
+                    continue
+                with open(entry.path, "rb") as f:
+                    yield f.read(self.MAX_EXAMPLE_BYTES + 1)
+            except OSError:
+                continue
+
+
 @functools.lru_cache(maxsize=8)
 def _database(spec: str) -> ExampleDatabase:
     if "://" not in spec:
-        return DirectoryBasedExampleDatabase(spec)
+        return FolderDatabase(spec)
     url = urlsplit(spec)
     if url.scheme != "redis":
         raise ValueError(
@@ -63,8 +90,12 @@ def _database(spec: str) -> ExampleDatabase:
 
 
 def check_database(spec: str | None = None) -> ExampleDatabase:
-    """``database(spec)``, and for a server, one round trip: ``ValueError`` if it cannot be reached."""
+    """``database(spec)``, checked before any work: a folder must be one this process can create and
+    write in (not a file, ``/dev/null`` or a read-only folder, where nothing would be kept and nothing
+    said); a server must answer one round trip.  ``ValueError`` says what is wrong."""
     db = database(spec)
+    if isinstance(db, DirectoryBasedExampleDatabase):
+        _check_folder(str(db.path), spec or os.environ.get("KVSPEC_DB") or DEFAULT_DB)
     client = getattr(db, "redis", None)
     if client is not None:
         kw = client.connection_pool.connection_kwargs
@@ -76,6 +107,21 @@ def check_database(spec: str | None = None) -> ExampleDatabase:
                 f"example database {spec or os.environ.get('KVSPEC_DB')!r}: cannot reach it: {e}"
             ) from None
     return db
+
+
+def _check_folder(folder: str, shown: str) -> None:
+    """``folder`` can hold examples: it is (or can be made) a folder, and a file can be written in it."""
+    path = Path(folder)
+    try:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"example database {shown!r}: not a folder (examples would be lost)")
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        why = e.strerror or e
+        raise ValueError(f"example database {shown!r}: cannot write in it ({why}); nothing would be kept") from None
 
 
 def generates(name: str) -> bool:

@@ -25,6 +25,7 @@ In a test of one's own, the ``kvspec`` fixture does the same for one target and 
 
 from __future__ import annotations
 
+import argparse
 import os
 import unittest
 from collections.abc import Callable
@@ -35,7 +36,16 @@ from typing import Any
 import pytest
 
 from kvspec.harness.run import profiles as _profiles  # noqa: F401  (registers kvspec-dev / -ci / -nightly before --hypothesis-profile is read)
-from kvspec.harness.run.options import FuzzOptions, UsageError, check_choices, from_environ
+from kvspec.harness.run.options import (
+    DAY,
+    FuzzOptions,
+    NumberRange,
+    UsageError,
+    check_choices,
+    check_numbers,
+    check_writable_folder,
+    from_environ,
+)
 
 SUITE = Path(__file__).with_name("pytest_suite.py")
 
@@ -81,6 +91,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kvspec: a kvspec state machine (pytest --kvspec-target)")
     target = config.getoption("kvspec_target")
     if target is None:
+        if config.getoption("kvspec_only"):
+            raise pytest.UsageError("kvspec: --kvspec-only needs --kvspec-target (there is nothing of kvspec's to run)")
         return
     from kvspec.harness.run.catalogue import resolve
     from kvspec.harness.run.relation_choice import choose_relation
@@ -125,9 +137,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _SUITE = None
 
 
+PLUGIN_NUMBERS = (NumberRange("--step-timeout", 0, DAY, low_open=True), NumberRange("--shrink-seconds", 0, DAY))
+
+
 def plugin_options(config: pytest.Config, **chosen: Any) -> FuzzOptions:
     """The ``--kvspec-*`` options as one ``FuzzOptions``, with ``chosen`` (target, families, relation:
-    checked by the caller) besides."""
+    checked by the caller) besides; checked like ``kvspec fuzz``'s (``pytest.UsageError`` names the
+    option: a number out of range, an ``--kvspec-out`` that cannot be written)."""
+    ns = argparse.Namespace(
+        step_timeout=config.getoption("kvspec_step_timeout"), shrink_seconds=config.getoption("kvspec_shrink_seconds")
+    )
+    try:
+        check_numbers(ns, PLUGIN_NUMBERS)
+        check_writable_folder("--out", config.getoption("kvspec_out"), config.getoption("kvspec_out"))
+    except UsageError as e:
+        raise pytest.UsageError(f"kvspec: {str(e).replace('--', '--kvspec-', 1)}") from None
     return FuzzOptions(
         out=config.getoption("kvspec_out"),
         db=config.getoption("kvspec_db"),
@@ -182,7 +206,8 @@ def run_family(
     shrinking bound; ``hyp_settings``, else the loaded profile on ``db``) as one turn of the lockstep
     driver (``kvspec.harness.drivers.lockstep``); a finding, reduced by the same driver, fails the test with
     its report path (under ``opts.out``)."""
-    from kvspec.harness.traces.report import replay_command, write_report
+    from kvspec.harness.run.finish import write_report_safely
+    from kvspec.harness.traces.report import replay_command
 
     driver = lockstep_driver(opts, factory, hyp_settings or machine_settings(db))
     driver.plan((family,))
@@ -194,7 +219,9 @@ def run_family(
             pytest.fail(f"kvspec: the run stopped on {out.stopped}", pytrace=False)
         return
     found = driver.reduce(out.found, float(opts.reduce_seconds))
-    report = write_report(opts.out, found.trace)
+    report = write_report_safely(opts.out, found.trace)  # --kvspec-out failing at write time: the temp dir
+    if report is None:
+        pytest.fail(f"kvspec: {found.finding.summary()}\n(no report could be written anywhere)", pytrace=False)
     replay = replay_command(report, found.trace.target_name)
     pytest.fail(f"kvspec: {found.finding.summary()}\nreport: {report}\nreplay: {replay}", pytrace=False)
 
