@@ -148,7 +148,7 @@ def _spec(assume_release: str | None) -> CatalogueEntry:
     )
 
 
-IMPL_WHY = EXACT_WHY.format("impl") + " (it refuses the inputs of known bugs K1-K3, as Unsupported)"
+IMPL_WHY = "impl models vLLM block for block and refuses the inputs of known bugs K1-K3; the default for it"
 
 
 def _impl(assume_release: str | None) -> CatalogueEntry:
