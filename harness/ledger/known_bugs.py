@@ -1,9 +1,10 @@
 """Known bugs of the targets, as data: what each is, where it is reproduced, how to recognise it.
 
-vLLM 0.33 has bugs the KV ledger (docs/semantics.md §11) reports, and the spec and ``impl`` model
-0.33 exactly, bugs included.  Rather than steering the workload away from their triggers (which
-would hide those configs from every other check), a finding that matches a known bug is counted,
-listed in the run summary and written once as a report; it does not fail the run unless
+vLLM 0.33 has bugs the KV ledger (docs/semantics.md §11) reports, and the spec models 0.33 exactly,
+bugs included (``impl`` refuses their inputs instead: impl/allocator/refusals.py; it shares none of
+K1-K9, tests/impl/test_known_bugs_absent.py).  Rather than steering the workload away from their
+triggers (which would hide those configs from every other check), a finding that matches a known bug
+is counted, listed in the run summary and written once as a report; it does not fail the run unless
 ``--strict-known`` (``CheckSettings.strict_known``).  Any other finding still fails it.
 
 A bug is recognised by its trigger predicate over the ledger finding's stable signature
@@ -66,7 +67,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K1",
         "window_full_remote_load",
         "a whole-prompt remote load under a window recomputes the last token through the null block",
-        "vLLM 0.23.0-0.34.0 (spec, impl: modelled)",
+        "vLLM 0.23.0-0.34.0 (spec: modelled; impl: refused at the admission)",
         "unreported",
         "tests/upstream/test_full_remote_load_window.py",
         "docs/upstream/full-remote-load-window.md",
@@ -78,7 +79,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K2",
         "window_invalid_block_recovery",
         "invalid-block recovery under a sliding window recomputes from positions whose blocks were dropped",
-        "vLLM 0.23.0-0.34.0 (spec, impl: modelled)",
+        "vLLM 0.23.0-0.34.0 (spec: modelled; impl: refused at the recompute)",
         "unreported",
         "tests/upstream/test_invalid_block_recovery_window.py",
         "docs/upstream/invalid-block-recovery-window.md",
@@ -90,7 +91,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K3",
         "chunk_not_block_multiple",
         "chunked local attention with a chunk that is not a block multiple counts nulls as a hit",
-        "vLLM 0.23.0-0.34.0 (latent: the attention backend asserts at the first forward pass)",
+        "vLLM 0.23.0-0.34.0 (latent: the attention backend asserts at the first forward pass; spec: modelled; "
+        "impl: refused at construction)",
         "unreported",
         "tests/upstream/test_chunked_local_chunk_not_block_multiple.py",
         "docs/upstream/chunked-local-chunk-not-block-multiple.md",

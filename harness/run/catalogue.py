@@ -148,11 +148,14 @@ def _spec(assume_release: str | None) -> CatalogueEntry:
     )
 
 
+IMPL_WHY = "impl models vLLM block for block and refuses the inputs of known bugs K1-K3; the default for it"
+
+
 def _impl(assume_release: str | None) -> CatalogueEntry:
+    """kvspec's allocator: vLLM 0.33 block for block, except that where 0.33 reads the null block (K1-K3)
+    it refuses the config or call (``impl.allocator.refusals``) and the run discards that example."""
     factory = _import_factory("impl", "kvspec.harness.targets.impl", "ImplTarget")
-    return _checked(
-        CatalogueEntry("impl", factory, relation="exact", relation_reason=EXACT_WHY.format("impl"), origin="impl")
-    )
+    return _checked(CatalogueEntry("impl", factory, relation="exact", relation_reason=IMPL_WHY, origin="impl"))
 
 
 def _vllm(assume_release: str | None) -> CatalogueEntry:

@@ -6,6 +6,12 @@ hashes computed with the LoRA / multimodal / salt features of the book), maps ea
 onto ``impl.allocator.KVCacheManager``, and reports the manager's state as an ``Observation``.  It
 shares only vocabulary with ``spec/`` (config, events, types); the allocator itself is independent
 of it.
+
+The allocator follows vLLM 0.33 block for block (the ``exact`` relation) except where 0.33 hands out
+a table that reads the null block (known bugs K1-K3, ``harness.ledger.known_bugs``): there it raises
+``Refused`` (``impl.allocator.refusals``), which this adapter reports as ``Unsupported``, so the
+harness skips that example (a config at reset: K3; a call: K1, K2) and counts it, as it does for
+``vllm-fixed``'s start-up check of K3 (``harness.mutants.fixes_vllm``).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
 
     @property
     def version(self) -> str:
-        return "kvspec impl (vLLM 0.33 semantics)"
+        return "kvspec impl (vLLM 0.33 semantics; refuses the inputs of known bugs K1-K3)"
 
     @property
     def manager(self) -> alloc.KVCacheManager:
@@ -65,17 +71,20 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
         groups = [
             alloc.GroupSpec(g.kind, g.block_size, g.sliding_window, g.attention_chunk_size) for g in config.groups
         ]
-        self._manager = alloc.KVCacheManager(
-            groups,
-            num_blocks=config.num_blocks,
-            max_model_len=config.max_model_len,
-            enable_caching=config.enable_caching,
-            hash_block_size=config.hash_block_size,
-            enable_events=config.enable_kv_cache_events,
-            watermark=config.watermark,
-            max_in_flight_tokens=config.max_in_flight_tokens,
-            free_order=_FREE_ORDER[config.profile.free_order],
-        )
+        try:
+            self._manager = alloc.KVCacheManager(
+                groups,
+                num_blocks=config.num_blocks,
+                max_model_len=config.max_model_len,
+                enable_caching=config.enable_caching,
+                hash_block_size=config.hash_block_size,
+                enable_events=config.enable_kv_cache_events,
+                watermark=config.watermark,
+                max_in_flight_tokens=config.max_in_flight_tokens,
+                free_order=_FREE_ORDER[config.profile.free_order],
+            )
+        except alloc.Refused as e:  # a config on which vLLM 0.33 reads the null block (K3)
+            raise Unsupported(f"impl refuses {e}") from e
         # vLLM 0.33 EngineCore builds the block hasher only when prefix caching is on (no connector
         # is modelled): with caching off, requests carry no block hashes.
         self._hasher = BlockHasher(config.hash_block_size, config.hash_algo) if config.enable_caching else None
@@ -85,6 +94,8 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             return super().apply(op)
         except NotImplementedError as e:  # the allocator's word for a config it leaves out
             raise Unsupported(str(e)) from e
+        except alloc.Refused as e:  # a call on which vLLM 0.33 reads the null block (K1, K2)
+            raise Unsupported(f"impl refuses {e}") from e
 
     # -- requests --
 
@@ -113,8 +124,8 @@ class ImplTarget(ManagerAdapter[alloc.Request]):
             native.num_computed_tokens = op.num_computed_tokens
         elif isinstance(op, SetStatus):
             native.status = op.status
-        elif isinstance(op, SetNumInFlightTokens) and op.num_in_flight_tokens:
-            raise Unsupported("impl.allocator's Request has no num_in_flight_tokens (async scheduling)")
+        elif isinstance(op, SetNumInFlightTokens):
+            native.num_in_flight_tokens = op.num_in_flight_tokens
         # drafts: the allocator reads only their count, through allocate_slots' arguments
         return native
 

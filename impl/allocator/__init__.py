@@ -14,7 +14,10 @@ Free order: ``free_order="v0.33"`` puts blocks that reach ``ref_cnt == 0`` unhas
 (in the given order) and hashed at the tail; ``"v0.20"`` appends them all (vLLM <= 0.20).
 
 Out of scope (raise ``NotImplementedError``): EAGLE, partial (sub-block) hits and CoW, Mamba,
-HiSparse, lookahead hashes, retention intervals, DCP/PCP, async in-flight tokens.
+HiSparse, lookahead hashes, retention intervals, DCP/PCP.
+
+Refused (raise ``Refused``, a ``ValueError``; ``impl.allocator.refusals``): the inputs on which vLLM
+0.33 hands out a table that reads the null block, its known bugs K1-K3 (docs/upstream/).
 
 The code lives in one module per vLLM layer; this module re-exports their public names:
 
@@ -23,6 +26,7 @@ The code lives in one module per vLLM layer; this module re-exports their public
 - ``impl.allocator.block_pool``: ``BlockPool`` (free queue + hash map) and ``NULL``;
 - ``impl.allocator.single_type_managers``: one manager per attention kind, ``MANAGER_CLASSES``,
   ``admission_cap``;
+- ``impl.allocator.refusals``: ``Refused`` and the checks that raise it;
 - ``impl.allocator.kv_cache_manager``: ``KVCacheManager`` (the coordinator folded in).
 
 Imports: nothing.
@@ -33,6 +37,7 @@ from __future__ import annotations
 from kvspec.impl.allocator.block_pool import FREE_ORDERS, NULL, BlockPool
 from kvspec.impl.allocator.events import Cleared, KVEvent, Removed, Stored
 from kvspec.impl.allocator.kv_cache_manager import KVCacheManager
+from kvspec.impl.allocator.refusals import Refused
 from kvspec.impl.allocator.request import PREEMPTED, RUNNING, WAITING, WAITING_FOR_REMOTE_KVS, GroupSpec, Request
 from kvspec.impl.allocator.single_type_managers import (
     MANAGER_CLASSES,
@@ -59,6 +64,7 @@ __all__ = [
     "GroupSpec",
     "KVCacheManager",
     "KVEvent",
+    "Refused",
     "Removed",
     "Request",
     "SingleTypeManager",

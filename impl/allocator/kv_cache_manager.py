@@ -3,7 +3,8 @@
 The manager owns one ``BlockPool`` shared by one ``SingleTypeManager`` per KV-cache group.  It
 validates the group layout, answers prefix lookups (a hybrid of groups searches for the longest
 hit every group agrees on), predicts and performs allocations, and forwards caching, freeing and
-eviction to the groups and the pool.
+eviction to the groups and the pool.  Where vLLM 0.33 would hand out a table that reads the null
+block (its known bugs K1-K3) it raises ``refusals.Refused`` instead, before anything changes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from kvspec.impl.allocator.block_pool import BlockPool
 from kvspec.impl.allocator.events import KVEvent
+from kvspec.impl.allocator.refusals import check_admission, check_chunk_multiples, check_resume
 from kvspec.impl.allocator.request import PREEMPTED, WAITING, GroupSpec, Request
 from kvspec.impl.allocator.single_type_managers import MANAGER_CLASSES, admission_cap, cdiv
 
@@ -37,6 +39,7 @@ class KVCacheManager:
     ) -> None:
         if not groups:
             raise ValueError("at least one KV-cache group is needed")
+        check_chunk_multiples(groups)
         cacheable = [g.block_size for g in groups if g.prefix_cacheable] or [g.block_size for g in groups]
         self.hash_block_size = hash_block_size or math.gcd(*cacheable)
         self.scheduler_block_size = math.lcm(*(g.block_size for g in groups))
@@ -65,6 +68,10 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self._spec_groups = self._split_spec_groups() if self.mode == "hybrid" else []
         self._all_full = all(g.kind == "full" for g in groups)
+        self._windowed = any(g.kind in ("sliding_window", "chunked_local") for g in groups)
+        # Per request, the largest token count its windows were measured on (admission, removal):
+        # a later query before it is a request moved back (refusals.check_resume).
+        self._measured: dict[str, int] = {}
 
     def _split_spec_groups(self) -> list[tuple[GroupSpec, list[int]]]:
         """vLLM 0.33 ``verify_and_split_kv_cache_groups``: equal specs looked up jointly, full first."""
@@ -193,6 +200,8 @@ class KVCacheManager:
                 if h and local % m.block_size and rid not in m.num_cached:
                     raise NotImplementedError("partial (sub-block) prefix hits are out of scope")
         total = min(local + ext, self.max_model_len)
+        if self._windowed:
+            self._check_window_reads(req, local + ext, num_new_tokens, has_hits or ext > 0)
         wm = self.watermark_blocks if has_scheduled_reqs and req.status in (WAITING, PREEMPTED) else 0
         pool = self.pool
         if full_sequence_must_fit:
@@ -201,13 +210,15 @@ class KVCacheManager:
                 return None
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
-        for m in self.managers:
-            m.remove_skipped_blocks(rid, total)
+        # vLLM 0.26+: the window is measured on the processed tokens (K9 frees on the computed total).
+        processed = max(0, total - req.num_in_flight_tokens)
+        self.remove_skipped_blocks(rid, processed)
         k = self._predict(rid, need_slot, hits, num_encoder_tokens, local + ext, local)
         if k + wm > pool.num_free - reserved_blocks:
             return None
         if has_hits or ext > 0:
             self._allocate_new_computed_blocks(rid, hits, local, ext)
+            self._note_measured(rid, local + ext)
         new = tuple(
             m.allocate_new_blocks(rid, num_encoder_tokens if m.spec.kind == "cross" else need_slot)
             for m in self.managers
@@ -215,6 +226,23 @@ class KVCacheManager:
         if not delay_cache_blocks:
             self.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return new
+
+    def _check_window_reads(self, req: Request, computed: int, num_new_tokens: int, adopting: bool) -> None:
+        """Refuse (``refusals``) an admission that releases a block the next query reads (K1), or a
+        request moved back to a token whose window its table released (K2)."""
+        rid = req.request_id
+        if adopting and not any(rid in m.num_cached for m in self.managers):
+            check_admission(self.managers, computed, req.num_tokens)
+        elif num_new_tokens and computed < self._measured.get(rid, 0):
+            check_resume(self.managers, rid, computed)
+
+    def _note_measured(self, rid: str, num_tokens: int) -> None:
+        """Record that ``rid``'s windows were measured on ``num_tokens`` (a request holding blocks only:
+        the scheduler also removes skipped blocks of finished requests)."""
+        if not self._windowed or num_tokens <= self._measured.get(rid, 0):
+            return
+        if any(m.tables.get(rid) for m in self.managers):
+            self._measured[rid] = num_tokens
 
     def _allocate_plain(
         self,
@@ -277,12 +305,14 @@ class KVCacheManager:
     # -- release --
 
     def free(self, rid: str) -> None:
+        self._measured.pop(rid, None)
         for m in self.managers:
             m.free(rid)
 
     def remove_skipped_blocks(self, rid: str, num_computed_tokens: int) -> None:
         for m in self.managers:
             m.remove_skipped_blocks(rid, num_computed_tokens)
+        self._note_measured(rid, num_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self.pool.evict_blocks(block_ids)

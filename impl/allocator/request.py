@@ -20,6 +20,9 @@ class Request:
     num_computed_tokens: int = 0
     status: str = WAITING
     skip_reading_prefix_cache: bool = False
+    # Async scheduling (vLLM 0.33 ``Request.num_in_flight_tokens``): tokens counted as computed
+    # whose step has not returned yet; the window is measured without them (vLLM 0.26 and later).
+    num_in_flight_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -426,7 +426,7 @@ def test_v0_20_is_skipped_cleanly_on_vllm() -> None:
     assert stats.events["v0_20:unsupported_at_reset"] == 1
 
 
-@pytest.mark.parametrize("family", ["v0_20", "cbor", "encoder_decoder", "hash_block_override"])
+@pytest.mark.parametrize("family", ["v0_20", "cbor", "encoder_decoder", "hash_block_override", "async_sched"])
 def test_impl_runs_the_new_families(family: str, machine_run: Any) -> None:
     from kvspec.harness.targets.impl import ImplTarget
 

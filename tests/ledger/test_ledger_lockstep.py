@@ -11,6 +11,7 @@ from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.cli import _parser
 from kvspec.harness.ledger.finding import match_vllm_033_candidate
 from kvspec.harness.run.options import FuzzOptions
+from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.impl import ImplTarget
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.harness.traces.replay import replay
@@ -42,12 +43,21 @@ def test_the_ledger_finding_of_a_lockstep_run():
 
 
 @pytest.mark.parametrize("candidate", sorted(CANDIDATES))
-def test_candidates_are_kv_ledger_findings_against_impl(candidate):
+def test_candidates_are_kv_ledger_findings_in_lockstep(candidate):
     config, ops = CANDIDATES[candidate]
     with pytest.raises(FindingError) as e:
-        run_lockstep(ops, config, ImplTarget())
+        run_lockstep(ops, config, SpecTarget())
     assert e.value.finding.kind == "kv-ledger"
     assert match_vllm_033_candidate(e.value.finding.witness["ledger"]["signature"]) == candidate
+
+
+@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
+def test_impl_refuses_the_candidates_in_lockstep(candidate):
+    """impl refuses each candidate's input (impl/allocator/refusals.py): ``Unsupported``, which the
+    state machine takes as an example to discard, never a finding."""
+    config, ops = CANDIDATES[candidate]
+    with pytest.raises(Unsupported, match="^impl refuses K[123]:"):
+        run_lockstep(ops, config, ImplTarget())
 
 
 def test_report_and_replay(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """Two vLLM 0.33 behaviours the oracle flags as wrong numbers (candidate findings).
 
-Both follow vLLM 0.33's manager and scheduler faithfully (kvspec's impl, the spec and, when it is
-installed, vLLM itself give the same tables), yet the model would attend through the null block:
+Both follow vLLM 0.33's manager and scheduler faithfully (the spec and, when it is installed, vLLM
+itself give the same tables; kvspec's impl refuses both inputs, tests/impl/test_known_bugs_absent.py),
+yet the model would attend through the null block:
 
 1. Chunked-local prefix lookup when ``attention_chunk_size % block_size != 0``: the blocks before
    the chunk of ``max_length`` count as hit (nulls), so with C=5, bs=2 and a 6-token prompt the hit
@@ -17,6 +18,7 @@ import pytest
 
 from kvspec.harness.core import ops as O
 from kvspec.harness.oracle.target import KVCheckTarget, KVMismatch
+from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.impl import ImplTarget
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.spec.config import KVCacheConfig, chunked_local, sliding_window
@@ -53,9 +55,8 @@ def replay(inner, config, ops):
     return t, e.value.finding
 
 
-@pytest.mark.parametrize("inner", [ImplTarget, SpecTarget])
-def test_chunked_local_hit_with_chunk_not_a_block_multiple(inner):
-    t, f = replay(inner(), CHUNKED, CHUNKED_OPS)
+def test_chunked_local_hit_with_chunk_not_a_block_multiple():
+    t, f = replay(SpecTarget(), CHUNKED, CHUNKED_OPS)
     assert t.obs.tables[0]["r"][:2] == (0, 0)
     # Token 4 reads the nulls (token 5 may show NaN too: the torch path multiplies masked-out NaN
     # values by zero probabilities); the culprit slots are exactly tokens 0-3 in the null block.
@@ -63,9 +64,8 @@ def test_chunked_local_hit_with_chunk_not_a_block_multiple(inner):
     assert [b.block_id for b in f.bad_kv] == [0] and f.bad_kv[0].positions == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("inner", [ImplTarget, SpecTarget])
-def test_sliding_window_recompute_after_invalid_block(inner):
-    t, f = replay(inner(), SWA, SWA_OPS)
+def test_sliding_window_recompute_after_invalid_block():
+    t, f = replay(SpecTarget(), SWA, SWA_OPS)
     assert t.obs.tables[0]["r"][0] == 0
     assert f.kind == "attention-output" and 4 in f.positions
     assert any(b.block_id == 0 for b in f.bad_kv)
@@ -77,7 +77,7 @@ def test_sliding_window_recompute_after_invalid_block(inner):
 def test_by_default_the_oracle_recognises_them_as_known_bugs(config, ops, bug):
     """Its own ledger names the known bug (harness.ledger.known_bugs) at the operation that reads the nulls,
     before the numbers are compared: counted, checking stopped for the run, the outcome passed on."""
-    t = KVCheckTarget(ImplTarget(), device="cpu")
+    t = KVCheckTarget(SpecTarget(), device="cpu")
     t.reset(config)
     for op in ops:
         t.apply(op)
@@ -88,6 +88,17 @@ def test_by_default_the_oracle_recognises_them_as_known_bugs(config, ops, bug):
     assert t.stats.ops == checked and "s" in t.inner.book.native
     t.reset(config)  # a new run is checked again
     assert t.stopped is None and t.ledger is not None
+
+
+@pytest.mark.parametrize("config, ops", [(CHUNKED, CHUNKED_OPS), (SWA, SWA_OPS)], ids=["chunk", "window-recovery"])
+def test_impl_refuses_them_under_the_oracle(config, ops):
+    """impl refuses both inputs (``Unsupported``: the config at reset, the recovery's allocation), so
+    the oracle never sees its tables read the nulls."""
+    t = KVCheckTarget(ImplTarget(), device="cpu", known_bugs=False)
+    with pytest.raises(Unsupported, match="^impl refuses K[23]:"):
+        t.reset(config)
+        for op in ops:
+            t.apply(op)
 
 
 def test_same_cases_pass_when_the_chunk_is_a_block_multiple():
