@@ -7,7 +7,8 @@
 - ``observation``: what the harness sees of a target's state, in the spec's vocabulary;
 - ``equality``: the named relations (``exact``, ``outcomes``, ``invariants``) and the differences
   they find between two outcomes or two observations;
-- ``glimpse``: the part of a state one operation can change, read without walking the pool.
+- ``glimpse``: the part of a state one operation can change, read without walking the pool;
+- ``flight``: the flight recorder, what a run was doing, written as it happens for a supervisor.
 
 Nothing here knows a particular target, Hypothesis or the command line.
 

@@ -6,6 +6,7 @@
   before any work (``UsageError``: exit 2); the environment read at the edges (``from_environ``);
 - ``fuzzing``: the one run loop (``run_fuzz``); ``finish``: its summary and the one report;
   ``exits``: every command's exit codes;
+- ``supervise``: the run in a child process it outlives, a crash or hang of the target a finding;
 - ``replays``: ``kvspec replay``; ``workers``: ``--workers N`` processes on one example database;
   ``signals``: SIGINT and SIGTERM; ``startup``: the cold start's figures;
 - ``profiles``: the Hypothesis profiles; ``junit``: JUnit XML for CI;

@@ -37,7 +37,7 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
     elif res.stopped is not None:
         print(f"kvspec fuzz: the run stopped on {res.stopped}", file=sys.stderr)
     elif res.steps == 0:
-        print(f"kvspec fuzz: CHECKED NOTHING in {el:.1f}s, target {opts.target}: {nothing_checked(res)}")
+        print(f"kvspec fuzz: CHECKED NOTHING in {el:.1f}s, target {opts.target}: {nothing_checked(res, opts.profile)}")
     else:
         ran = [f for f in _families(opts, res) if f not in res.skipped]
         skipped = f" (skipped: {','.join(res.skipped)})" if res.skipped else ""
@@ -57,10 +57,15 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
     return EXIT_OK if junit_ok else EXIT_USAGE
 
 
-def nothing_checked(res: FuzzResult) -> str:
-    """Why a run checked no operation: each family refused, with the target's reason, or none finished."""
+def nothing_checked(res: FuzzResult, profile: str | None = None) -> str:
+    """Why a run checked no operation: each family refused, with the target's reason, nothing stored to
+    replay (the ``replay`` profile), or no example finished."""
+    from kvspec.harness.run.profiles import generates
+
     if res.skipped:
         return "every family was refused: " + "; ".join(f"{fam}: {why}" for fam, why in res.skipped.items())
+    if profile is not None and not generates(profile):
+        return f"profile {profile} only replays the example database, and it holds no example of these families"
     if res.examples == 0:
         return "no example finished within --seconds (a slow start-up? raise --seconds)"
     return f"{res.examples} examples ran but none applied an operation"

@@ -195,12 +195,12 @@ def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
 
     check_numbers(ns, FUZZ_NUMBERS)
     families = check_choices(ns.family, ns.relation)
-    with _as_usage_error():
-        check_database(ns.db)
-        profile_settings(ns.profile)
     if not ns.out:
         raise UsageError("--out '': an empty path; name the report folder")
     check_writable_folder("--out", ns.out, ns.out)
+    with _as_usage_error():
+        check_database(ns.db)
+        profile_settings(ns.profile)
     if ns.junit_xml is not None:
         if not ns.junit_xml or Path(ns.junit_xml).is_dir():
             raise UsageError(f"--junit-xml {ns.junit_xml!r}: not a file name (empty, or a folder)")

@@ -10,6 +10,7 @@ harness' per-step timeout, not by Hypothesis.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -110,8 +111,10 @@ def check_database(spec: str | None = None) -> ExampleDatabase:
 
 
 def _check_folder(folder: str, shown: str) -> None:
-    """``folder`` can hold examples: it is (or can be made) a folder, and a file can be written in it."""
+    """``folder`` can hold examples: it is (or can be made) a folder, and a file can be written in it.
+    Folders made for the check are removed again (a run refused later leaves nothing behind)."""
     path = Path(folder)
+    missing = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     try:
         if path.exists() and not path.is_dir():
             raise ValueError(f"example database {shown!r}: not a folder (examples would be lost)")
@@ -122,6 +125,10 @@ def _check_folder(folder: str, shown: str) -> None:
     except OSError as e:
         why = e.strerror or e
         raise ValueError(f"example database {shown!r}: cannot write in it ({why}); nothing would be kept") from None
+    finally:
+        for p in missing:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def generates(name: str) -> bool:

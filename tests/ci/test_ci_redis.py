@@ -80,11 +80,13 @@ def test_a_failure_found_by_one_worker_is_replayed_first_by_the_other(redis_url,
     )
     assert second.returncode == 1, second.stdout + second.stderr
     assert "FOUND divergence" in second.stdout
-    # The control: the same replay on an empty database (another Redis database number) finds nothing.
+    # The control: the same replay on an empty database (another Redis database number) has nothing to
+    # replay, and says so (exit 4: it checked nothing), rather than finding something.
     control = kvspec(
         "fuzz", *BUG, "--seconds", "30", "--profile", "replay", "--db", f"{redis_url}/1", "--out", "c", cwd=tmp_path
     )
-    assert control.returncode == 0, control.stdout + control.stderr
+    assert control.returncode == 4, control.stdout + control.stderr
+    assert "holds no example" in control.stdout
 
 
 def test_an_unreachable_server_is_a_usage_error(tmp_path):

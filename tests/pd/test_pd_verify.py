@@ -102,6 +102,7 @@ def test_verify_cli_exit_codes_and_report(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "bounds: 1 request(s)" in text and text.count("search completed") == 2 and "every rule holds" in text
     assert [d["rule"] for d in json.loads(out.read_text())] == [None, None]
+    out = tmp_path / "v2.json"  # a new file: pd verify never overwrites one
     assert main(["verify", "--design", "as-written", *flags, "--out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "VIOLATION of write_lands_in_held_block" in text and "shortest counterexample" in text

@@ -180,12 +180,14 @@ def test_fuzz_command_stops_cleanly_on_a_signal(tmp_path: Path, sig: signal.Sign
         time.sleep(1.0)  # runs under way
         t0 = time.monotonic()
         proc.send_signal(sig)
-        rc = proc.wait(timeout=30)
+        rc = proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
     text = err.read_text() + out.read_text()
     assert rc == code, text
-    assert time.monotonic() - t0 < 10, text
+    # Long before --seconds 120: the next engine step (on a loaded 2-core CI machine the first
+    # scheduler's set-up alone has taken 27 s; the loop polls between steps).
+    assert time.monotonic() - t0 < 60, text
     assert "Traceback" not in text, text
     assert f"interrupted by {sig.name} after" in out.read_text() and "no finding" in out.read_text(), text
