@@ -143,8 +143,14 @@ def test_the_flight_log_builds_nothing_but_operations(tmp_path: Path) -> None:
     import pickle
     import struct
 
+    import marshal
+
     path = tmp_path / "flight"
     data = pickle.dumps(("op", os.system))  # a record naming a function: refused, never called
-    path.write_bytes(struct.pack("<I", len(data)) + data)
+    path.write_bytes(struct.pack("<I", len(data)) + b"P" + data)
+    with pytest.raises(pickle.UnpicklingError, match="never holds"):
+        read_flight(str(path))
+    data = marshal.dumps(("op_fields", "system", ("echo hi",)))  # a marshalled name that is no operation
+    path.write_bytes(struct.pack("<I", len(data)) + b"M" + data)
     with pytest.raises(pickle.UnpicklingError, match="never holds"):
         read_flight(str(path))
