@@ -45,7 +45,14 @@ from kvspec.harness.core.ops import (
 from kvspec.harness.targets.adapter import ManagerAdapter
 from kvspec.harness.targets.base import Unsupported, bind_release
 from kvspec.harness.targets.vllm_observe import Reader, glimpse_manager, observe_manager
-from kvspec.harness.targets.vllm_release import ANY, ReleaseMismatch, probe, seed_none_hash, split_computed
+from kvspec.harness.targets.vllm_release import (
+    ANY,
+    ASSUME_ENV,
+    ReleaseMismatch,
+    probe,
+    seed_none_hash,
+    split_computed,
+)
 from kvspec.spec.config import AttentionSpec, KVCacheConfig
 from kvspec.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from kvspec.spec.hashing import get_none_hash
@@ -175,6 +182,10 @@ class VllmTarget(ManagerAdapter[Any]):
 
     @property
     def version(self) -> str:
+        """The installed release (recorded in every trace), and the release it is modelled as when
+        ``KVSPEC_VLLM_PROFILE`` names one: a report never hides the override."""
+        if self.api.modelled_as:
+            return f"{vllm_version()}, modelled as {self.api.modelled_as} ({ASSUME_ENV})"
         return vllm_version()
 
     # -- build --

@@ -51,6 +51,7 @@ class VllmApi:
     map_holds_ids: bool  # 0.34: BlockHashToBlockMap stores block ids (+ _dup_ids), not blocks
     logprob_start: bool  # SamplingParams has prompt_logprob_start (0.31 on)
     assumed: tuple[str, ...] = ()  # what the probe could not see and took for granted, in words
+    modelled_as: str | None = None  # the known release an unknown installed one is modelled as (ASSUME_ENV)
 
     def manager_kwargs(self, wanted: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
         """``wanted`` restricted to what ``KVCacheManager.__init__`` accepts; a keyword it lacks may
@@ -90,6 +91,13 @@ def installed_profile(version: str, assumed: str | None = None) -> Profile:
     to check such a release anyway."""
     assumed = (assumed or "").strip()
     if assumed:
+        installed = _known(version)
+        if installed is not None and installed != require_known(assumed):
+            raise UnknownRelease(
+                f"{ASSUME_ENV}={assumed} asks to model vLLM {version} as {assumed}, but kvspec knows {version} "
+                f"itself: every difference between the two would be a false finding.  Unset {ASSUME_ENV} (it is "
+                "for a release kvspec does not know)"
+            )
         return profile_for(require_known(assumed))
     try:
         return profile_for(require_known(version))
@@ -98,6 +106,14 @@ def installed_profile(version: str, assumed: str | None = None) -> Profile:
             f"{e}.  To check it anyway against the invariants and the KV ledger, assume the nearest known "
             f"release: {ASSUME_ENV}=<release> kvspec fuzz --target vllm --relation invariants"
         ) from None
+
+
+def _known(version: str) -> str | None:
+    """``version`` as a release kvspec knows, else None."""
+    try:
+        return require_known(version)
+    except UnknownRelease:
+        return None
 
 
 def probe(
@@ -115,6 +131,7 @@ def probe(
     return VllmApi(
         version=version,
         profile=installed_profile(version, assumed),
+        modelled_as=(assumed or "").strip() or None,
         manager_params=manager_params,
         manager_renames={
             new: old

@@ -140,10 +140,9 @@ def test_the_flight_log_names_the_last_operation_and_keeps_its_context(tmp_path:
 
 
 def test_the_flight_log_builds_nothing_but_operations(tmp_path: Path) -> None:
+    import marshal
     import pickle
     import struct
-
-    import marshal
 
     path = tmp_path / "flight"
     data = pickle.dumps(("op", os.system))  # a record naming a function: refused, never called

@@ -123,6 +123,14 @@ def test_an_unknown_release_is_refused_with_the_way_to_check_it(monkeypatch: pyt
     assert from_environ({ASSUME_ENV: " 0.34.0 "})["assume_release"] == "0.34.0"  # what the CLI passes
 
 
+def test_an_override_that_contradicts_a_known_installed_release_is_refused() -> None:
+    """A stale KVSPEC_VLLM_PROFILE=0.34.0 with 0.33.0 installed would make every 0.34 change a false
+    finding: refused, saying why; assuming a known release's own profile is harmless."""
+    with pytest.raises(UnknownRelease, match="kvspec knows 0.33.0 itself"):
+        installed_profile("0.33.0", assumed="0.34.0")
+    assert installed_profile("0.33.0", assumed="0.33.0") == profile_for("0.33.0")
+
+
 class Manager026:  # 0.26 on: the admission cap's token count under its new name
     def __init__(self, kv_cache_config: object, max_model_len: int, max_in_flight_tokens: int | None = None) -> None:
         pass
