@@ -11,6 +11,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +79,7 @@ def verify_main(args: argparse.Namespace) -> int:
     results = []
     for g in designs:
         _say(f"design {g.name}: searching ...")
-        r = explore(g, bounds, symmetry=not args.no_symmetry, max_states=args.max_states)
+        r = explore(g, bounds, symmetry=not args.no_symmetry, max_states=args.max_states, progress=_progress(g.name))
         results.append(r)
         report(r)
     if args.out:
@@ -85,6 +87,18 @@ def verify_main(args: argparse.Namespace) -> int:
     if any(r.rule is not None for r in results):
         return EXIT_FOUND
     return EXIT_OK if all(r.completed for r in results) else EXIT_INCOMPLETE  # no verdict within --max-states
+
+
+def _progress(design: str, every: float = 5.0) -> Callable[[int, int], None]:
+    """A line every ``every`` seconds while a search runs: states and transitions so far."""
+    last = [time.monotonic()]
+
+    def say(states: int, transitions: int) -> None:
+        if time.monotonic() - last[0] >= every:
+            last[0] = time.monotonic()
+            _say(f"design {design}: {states} states, {transitions} transitions so far ...")
+
+    return say
 
 
 def report(r: Result) -> None:

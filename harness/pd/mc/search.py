@@ -94,7 +94,7 @@ def explore(
                 return _done(res, states, start, completed=True)
             edges.append((j, EDGE[step.kind]))
         succ.append(edges)
-        if progress is not None and i % 20000 == 0:
+        if progress is not None and i % 1000 == 0:
             progress(len(states), res.transitions)
         if len(states) > max_states:
             return _done(res, states, start, completed=False)
