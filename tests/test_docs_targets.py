@@ -88,7 +88,7 @@ def test_a_documented_command_exits_as_documented(command: str, status: int | No
 def test_a_user_target_loads_from_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``kvspec`` (a console script) runs with its own folder, not the current one, on ``sys.path``;
     the ``package.module:factory`` loader puts the current folder there, as ``python -m`` does."""
-    (tmp_path / "kvspec_cwd_target.py").write_text("from harness.targets.spec import SpecTarget as make\n")
+    (tmp_path / "kvspec_cwd_target.py").write_text("from kvspec.harness.targets.spec import SpecTarget as make\n")
     monkeypatch.chdir(tmp_path)
     cwd = os.getcwd()
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p) != cwd])

@@ -58,7 +58,7 @@ def target_glimpse(
     if not isinstance(out, Glimpse):
         got = S.short_repr(out)
         bad = S.Malformed("glimpse()", "a Glimpse", got)
-        raise malformed(Call("glimpse()", s.i, s.op), "a harness.core.glimpse.Glimpse", bad, got)
+        raise malformed(Call("glimpse()", s.i, s.op), "a kvspec.harness.core.glimpse.Glimpse", bad, got)
     return out
 
 

@@ -217,7 +217,7 @@ class SchedulerDriver:
             where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             return TurnOutcome(
                 stopped=f"the real scheduler raised outside a manager call ({where}); family {family}, run seed "
-                f"{seed}; reproduce with: python -c 'from harness.vllm_sched.fuzz import one_run; "
+                f"{seed}; reproduce with: python -c 'from kvspec.harness.vllm_sched.fuzz import one_run; "
                 f'one_run("{family}", {seed})\''
             )
         self.count(res, family, seed)

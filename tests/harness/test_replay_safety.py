@@ -63,7 +63,7 @@ def user_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     folder = tmp_path / "site"
     folder.mkdir()
     (folder / f"{USER_MODULE}.py").write_text(
-        "from harness.targets.spec import SpecTarget\n"
+        "from kvspec.harness.targets.spec import SpecTarget\n"
         "CALLS = {'n': 0}\n"
         "def make_target():\n"
         "    CALLS['n'] += 1\n"

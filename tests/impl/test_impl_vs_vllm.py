@@ -48,7 +48,7 @@ def vllm_target():
     try:
         from kvspec.harness.targets.vllm import VllmTarget, VllmUnavailable
     except ImportError as e:  # pragma: no cover
-        pytest.skip(f"harness.targets.vllm unavailable: {e}")
+        pytest.skip(f"kvspec.harness.targets.vllm unavailable: {e}")
     try:
         return VllmTarget()
     except VllmUnavailable as e:

@@ -17,7 +17,7 @@ def vllm_factory():
     try:
         from kvspec.harness.targets.vllm import VllmTarget, VllmUnavailable
     except ImportError as e:  # pragma: no cover
-        pytest.skip(f"harness.targets.vllm unavailable: {e}")
+        pytest.skip(f"kvspec.harness.targets.vllm unavailable: {e}")
     try:
         VllmTarget()
     except VllmUnavailable as e:

@@ -179,8 +179,8 @@ def test_installed_entry_point_is_found_by_vllm(tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     code = (
         "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
-        "from harness.vllm_sched.build import SchedKnobs, build_scheduler\n"
-        "from spec.config import KVCacheConfig, full_attention\n"
+        "from kvspec.harness.vllm_sched.build import SchedKnobs, build_scheduler\n"
+        "from kvspec.spec.config import KVCacheConfig, full_attention\n"
         "s, _ = build_scheduler(KVCacheConfig(8, (full_attention(4),), 64).validate(), SchedKnobs())\n"
         "print(type(s.kv_cache_manager).__name__)\n"
     )

@@ -20,7 +20,7 @@ def run_fuzz(tmp_path: Path, *extra: str) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "harness",
+        "kvspec.harness",
         "fuzz",
         "--target",
         "vllm",

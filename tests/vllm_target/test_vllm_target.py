@@ -312,7 +312,7 @@ FEATURE_CASES = [
 def test_request_hashes_match_spec_hashing(target: VllmTarget, algo: str) -> None:
     hashing = pytest.importorskip("kvspec.spec.hashing", reason="spec/hashing.py not written yet")
     if not hasattr(hashing, "extend_block_hashes"):
-        pytest.skip("spec.hashing.extend_block_hashes not written yet")
+        pytest.skip("kvspec.spec.hashing.extend_block_hashes not written yet")
     seed = os.environ.get("PYTHONHASHSEED")
     target.reset(KVCacheConfig(num_blocks=64, groups=(full_attention(4),), max_model_len=8192, hash_algo=algo))  # type: ignore[arg-type]
     for i, features in enumerate(FEATURE_CASES):
