@@ -24,7 +24,7 @@ from kvspec.harness.targets.vllm_release import _accepted, _params
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-REFUSING = '''
+REFUSING = """
 from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.spec import SpecTarget
 
@@ -32,7 +32,7 @@ from kvspec.harness.targets.spec import SpecTarget
 class Refusing(SpecTarget):
     def reset(self, config):
         raise Unsupported("this manager models no config at all")
-'''
+"""
 
 
 def kvspec(*argv: str, env: dict[str, str] | None = None, path: str = "") -> subprocess.CompletedProcess[str]:
@@ -77,7 +77,7 @@ def test_the_probe_sees_through_wrappers() -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("wrap", ["opaque", "closing"])
+@pytest.mark.parametrize("wrap", ["opaque", pytest.param("closing", marks=pytest.mark.full)])
 def test_vllm_behind_wrappers_is_checked(tmp_path: Path, wrap: str) -> None:
     argv = ["fuzz", "--target", "kvspec_wrapped:factory", "--relation", "exact", "--family", "full"]
     run = kvspec(*argv, "--seconds", "8", "--out", str(tmp_path / "out"), env={"KVSPEC_WRAP": wrap})
