@@ -9,7 +9,8 @@ every run, step by step; this command only measures it.
 
 A run agrees up to its first differing step; the rest of it is not compared (the two schedulers'
 states differ from there).  ``python -m kvspec.harness.vllm_sched.agreement --seconds 600`` prints the
-figure (steps and calls that agree, runs that agree whole) and each kind of first difference.
+figure (steps and calls that agree, runs that agree whole) and each kind of first difference; it
+exits 1 when a run differs (as ``kvspec fuzz`` would report it), 0 when every run agrees whole.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {r.family} seed {r.seed}: {r.detail[:2000]}")
         for why, n in s["skipped"].items():
             print(f"  skipped x{n}: {why}")
-    return 0
+    return 1 if summary["first_differences"] else 0
 
 
 if __name__ == "__main__":

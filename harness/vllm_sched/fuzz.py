@@ -243,17 +243,19 @@ class SchedulerDriver:
         return self.totals["runs"], self.totals["ops"]
 
     def reduce(self, found: Found, seconds: float) -> Found:
-        """First the run itself, re-driving the real scheduler with simpler inputs for 70% of
-        ``seconds`` (under the session's mutant, if any), then its operations replayed on the real
-        manager (``harness.drivers.base.reduce_finding``: it keeps only traces the spec accepts as a
-        caller's), when they alone reproduce the finding."""
+        """First the run itself, re-driving the real scheduler with simpler inputs (under the
+        session's mutant, if any), then its operations replayed on the real manager
+        (``harness.drivers.base.reduce_finding``: it keeps only traces the spec accepts as a
+        caller's), when they alone reproduce the finding: the run gets 70% of ``seconds`` then, all
+        of them for a finding only re-driving the scheduler reproduces (an ``agreement``, say)."""
         from kvspec.harness.drivers.base import reduce_finding
         from kvspec.harness.targets.vllm import VllmTarget
         from kvspec.harness.vllm_sched.reduce import reduce_scheduler_run
 
         res, seed = found.state
         start = time.monotonic()
-        reduced = reduce_scheduler_run(res, found.family, seed, 0.7 * seconds, should_stop=self.hooks.stopping)
+        share = 1.0 if needs_world(found.finding) else 0.7
+        reduced = reduce_scheduler_run(res, found.family, seed, share * seconds, should_stop=self.hooks.stopping)
         small = reduced.result
         assert small.finding is not None
         trace = finding_trace(small, found.family, seed, overrides=reduced.overrides)

@@ -17,6 +17,15 @@ The relation, per engine step (``compare_step``):
   token, ``max_tokens``, a failed load under the ``fail`` policy) and frees them after processing
   the step's output, where vLLM frees each inside its loop; frees are what orders the free queue.
 
+One order is the real run's answer, not compared: that of the requests a failed KV load fails
+together (``fail`` policy).  vLLM 0.33.0 (as 0.34.0) ``Scheduler.update_from_output`` finishes them
+with one ``finish_requests(ids, FINISHED_ERROR)``, which walks a ``set`` of request-id strings:
+their order is Python's string hashing, drawn per process (``PYTHONHASHSEED``), not a function of
+the run's inputs.  The model leaves that order to the world (``fail_order``,
+``StepOutputs._fail_together``) and ``WorldAnswers`` answers it with the order the real scheduler
+finished them in, so the model's free queue stays the real one; which requests fail, their calls,
+and where their frees fall among the step's other frees are still compared.
+
 Used by ``kvspec fuzz --target vllm-scheduler`` in every run (``harness.vllm_sched.driver.run_one``:
 a difference is an ``agreement`` finding) and by ``python -m kvspec.harness.vllm_sched.agreement`` (the figure).
 """
@@ -83,10 +92,21 @@ class WorldAnswers:
         self.step = WorldStep()
         self.hits: dict[str, int] = {}  # request id -> tokens its last prefix lookup hit
         self._drafts: dict[str, list[int]] = {}
+        self.real: list[Call] = []  # the real scheduler's manager calls of the step
 
-    def begin(self, step: WorldStep) -> None:
-        self.step = step
+    def begin(self, step: WorldStep, real: list[Call]) -> None:
+        self.step, self.real = step, real
         self._drafts = {rid: list(d) for rid, d in step.drafts.items()}
+
+    def _finished_first(self, options: Sequence[T]) -> T:
+        """Of the requests failed together, the one the real scheduler finished first: its first
+        call of the step's output phase comes first (one the real scheduler did not finish comes
+        last, and the relation then names the difference)."""
+        first: dict[str, int] = {}
+        for i, (phase, op) in enumerate(self.real):
+            if phase == "update":
+                first.setdefault(_request_of(op), i)
+        return min(options, key=lambda rid: first.get(str(rid), len(self.real)))
 
     def _connector(self, rid: str) -> tuple[int, bool]:
         """(tokens the stub connector offers, asynchronously?) as ``StubConnector`` answers."""
@@ -141,6 +161,8 @@ class WorldAnswers:
         return tuple(self.token(label) for _ in range(n))
 
     def choice(self, options: Sequence[T], label: str) -> T:
+        if label == "fail_order":  # the one order the relation does not compare (module docstring)
+            return self._finished_first(options)
         raise Unanswerable(label)
 
 
@@ -274,7 +296,7 @@ def _model_step(
     model: Scheduler, answers: WorldAnswers, step: WorldStep, real: list[Call], emit: Any, phase: list[str]
 ) -> None:
     """One recorded engine step on the model: the world's actions, ``schedule()``, the output."""
-    answers.begin(step)
+    answers.begin(step, real)
     phase[0] = "world"
     for rid, prompt, p in step.arrivals:
         answers.params[rid] = p

@@ -160,7 +160,9 @@ class _Reducer:
         assert best.finding is not None
         self.runs += 1
         ov = {**self.overrides, **changes}
-        limits = {"max_engine_steps": best.engine_steps, "deadline": self.deadline}
+        # ``best`` found it in engine step ``best.engine_steps`` (the steps before it completed): a
+        # candidate may run that step too, or only those that find it sooner would ever count.
+        limits = {"max_engine_steps": best.engine_steps + 1, "deadline": self.deadline}
         r = run_overridden(self.family, self.seed, ov, checks=best.checks, **limits)
         if r.finding is None or not same_finding(r.finding.finding, best.finding.finding) or r.ops >= best.ops:
             return False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kvspec.harness.core import ops as O
@@ -38,6 +39,7 @@ class StepOutputs:
     transfers: KVTransfers
     stops: Callable[[str, tuple[int, ...]], int | None] | None
     kv_holding: deque[str]
+    failing: list[str]
 
     def finish(self, rid: str) -> None:
         raise NotImplementedError
@@ -141,7 +143,11 @@ class StepOutputs:
         scheduled, padded = batch.scheduled, batch.padded
         running = {rid: self.reqs[rid] for rid in self.running}
         waiting_for_kv = RequestStatus.WAITING_FOR_REMOTE_KVS
-        holding = {rid: self.reqs[rid] for rid in self.kv_holding if self.reqs[rid].status == waiting_for_kv}
+        holding = {
+            rid: self.reqs[rid]
+            for rid in self.kv_holding
+            if self.reqs[rid].status == waiting_for_kv and rid not in self.failing
+        }
         affected, fail, held = self.transfers.recover_invalid_blocks(scheduled, running, self.ch, holding)
         failed = [self._remove(rid) for rid in affected] if fail else []  # failed after the output
         for rid in list(scheduled):
@@ -186,7 +192,22 @@ class StepOutputs:
                 self.changes.set_spec(r, drafts)
                 if drafts:
                     self.counts["drafts"] += 1
-        for r in failed:
-            self._free(r)
-        for rid in held:  # asynchronous loads failed by another load's invalid block (``fail``)
-            self.abort(rid)
+        self._fail_together(failed, held)
+
+    def _fail_together(self, failed: list[SReq], held: list[str]) -> None:
+        """vLLM 0.33 ``update_from_output`` fails every request a failed load affects (``fail``
+        policy) after the step's output, with one ``finish_requests(ids, FINISHED_ERROR)``: the
+        running ones (``failed``) are freed, those whose load is pending (their own failed load,
+        ``failing``, or another load's invalid block, ``held``) only when it reports.  That call
+        walks a ``set`` of request-id strings, whose order is Python's string hashing
+        (``PYTHONHASHSEED``, random per process), no function of the inputs: the world picks it
+        (``fail_order``: the running ones first, in running order, is the simplest answer)."""
+        group: dict[str, Callable[[], None]] = {r.request_id: partial(self._free, r) for r in failed}
+        for rid in [*self.failing, *held]:  # asynchronous loads failed under ``fail``
+            group[rid] = partial(self.abort, rid)
+        self.failing = []
+        todo = list(group)
+        while todo:
+            rid = self.ch.choice(todo, "fail_order") if len(todo) > 1 else todo[0]
+            todo.remove(rid)
+            group[rid]()

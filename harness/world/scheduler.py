@@ -116,6 +116,9 @@ class Scheduler(StepOutputs):
         # more than one chunk, until a step leaves them with no prompt to compute (an asynchronous
         # load's admission sets their remaining blocks aside: ``KVTransfers.reservation``).
         self.inflight_prefills: set[str] = set()
+        # Asynchronous loads failed under ``fail`` this step (``fail_load``): finished with the step's
+        # other failed requests after its output (``StepOutputs._fail_together``).
+        self.failing: list[str] = []
 
     # --- request lifecycle ---------------------------------------------------------------------
 
@@ -193,10 +196,12 @@ class Scheduler(StepOutputs):
             self.transfers.load_finished(self.reqs[rid], ok, valid_tokens)
 
     def fail_load(self, rid: str, valid_tokens: int) -> None:
-        """An asynchronous load reports invalid blocks under the ``fail`` policy: its request is
-        truncated (``KVTransfers.truncate_failed_load``), then aborted while its load is pending."""
+        """An asynchronous load reports invalid blocks under the ``fail`` policy (before the step's
+        output is processed): its request is truncated now (``KVTransfers.truncate_failed_load``) and
+        aborted while its load is pending with the step's other failed requests, after the output
+        (vLLM 0.33 ``update_from_output``: ``_handle_invalid_blocks``, then ``finish_requests``)."""
         self.transfers.truncate_failed_load(self.reqs[rid], valid_tokens)
-        self.abort(rid)
+        self.failing.append(rid)
 
     # --- one engine step -----------------------------------------------------------------------
 

@@ -102,6 +102,15 @@ def test_cli_prints_the_figure(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--family", "nope"])
 
 
+def test_cli_exits_1_when_it_shows_a_difference(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A check that prints a difference and exits 0 is a silent green.
+    monkeypatch.setattr(KVTransfers, "reservation", lambda self, inflight_prefills, reqs: 0)
+    assert main(["--family", "connector", "--seconds", "1", "--steps", "150", "--seed", "0"]) == 1
+    assert "first difference x" in capsys.readouterr().out
+
+
 def test_an_async_load_holding_another_loads_invalid_block_fails_as_in_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM 0.33 _handle_invalid_blocks scans the asynchronous loads before the running requests: a
     # load still pending whose prefix hit holds a block a synchronous load reports invalid is

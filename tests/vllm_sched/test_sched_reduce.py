@@ -90,3 +90,34 @@ def test_replay_refuses_doctored_overrides(tmp_path: Path, capsys: pytest.Captur
     doctored.write_text(json.dumps({**trace, "extra": {**trace["extra"], "choice_overrides": [["block_size", 0, 1]]}}))
     assert main(["replay", str(doctored), "--target", "vllm-scheduler"]) == 2
     assert "extra.choice_overrides[0]" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_an_agreement_finding_is_reduced_where_it_happened_and_its_report_replays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agreement finding (only re-driving the real scheduler reproduces it) is reduced like any
+    other: a candidate that still differs in the same engine step counts (a reduction that let a
+    candidate run only the steps before it kept none of them: this finding can come no sooner),
+    and the reduced report replays to the finding."""
+    pytest.importorskip("vllm", reason="needs the real vLLM 0.33.0 (ci/setup --vllm)")
+    from kvspec.harness.run.catalogue import resolve
+    from kvspec.harness.run.fuzzing import run_fuzz
+    from kvspec.harness.run.options import FuzzOptions
+    from kvspec.harness.traces.trace import trace_from_json
+    from kvspec.harness.vllm_sched.fuzz import replay_scheduler_run
+    from tests.vllm_sched.model_bugs import drop_frees_in_engine_step
+
+    drop_frees_in_engine_step(monkeypatch, at=30)
+    opts = FuzzOptions(target="vllm-scheduler", families=("full",), seconds=60, seed=0, reduce_seconds=10)
+    res = run_fuzz(opts, resolve(opts.target))
+    assert res.trace is not None, res.stopped
+    trace = trace_from_json(res.trace)
+    assert trace.finding is not None and trace.finding["kind"] == "agreement"
+    assert "engine step 30: update: only the real calls free" in trace.finding["message"]
+    red = trace.extra["scheduler_reduction"]
+    assert trace.extra["choice_overrides"] and red["steps_after"] < red["steps_before"] == res.shrunk_steps
+    assert len(trace.steps) == red["steps_after"] and trace.extra["engine_steps"] == 30
+    replayed = replay_scheduler_run(trace, "trace.json")
+    assert not replayed.ok and "the recorded finding" in replayed.message
+    assert replayed.steps_run == red["steps_after"]
