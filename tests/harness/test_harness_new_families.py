@@ -309,7 +309,7 @@ def test_family_catches_the_bug_about_its_input(family: str, factory: Callable[[
 @pytest.mark.parametrize("family, factory", [("sliding_window", _IgnoresInFlight), ("full", _IgnoresEncoderTokens)])
 def test_old_family_cannot_see_the_bug(family: str, factory: Callable[[], Any]) -> None:
     """Without the new family the mistake goes unnoticed (the input never varies there)."""
-    assert _caught(family, factory, 30).finding is None
+    assert _caught(family, factory, 12).finding is None  # 12 examples: the input never varies, so more add nothing
 
 
 # --- what vLLM 0.33 does with each input ---------------------------------------------------------
