@@ -53,13 +53,16 @@ def supervised(
     if out.crash is None:
         result: FuzzResult = out.value
         return result
-    res = crashed(opts, out.crash, entry)
+    res = crashed(opts, out.crash, entry, left=t0 + opts.seconds - time.monotonic())
     res.elapsed = res.first_finding_after = time.monotonic() - t0
     return res
 
 
-def crashed(opts: FuzzOptions, crash: Crash, entry: Callable[[], CatalogueEntry] | None = None) -> FuzzResult:
-    """The ``FuzzResult`` of a run whose process ``crash`` ended (module docstring)."""
+def crashed(
+    opts: FuzzOptions, crash: Crash, entry: Callable[[], CatalogueEntry] | None = None, left: float | None = None
+) -> FuzzResult:
+    """The ``FuzzResult`` of a run whose process ``crash`` ended (module docstring); its reduction
+    within ``--reduce-seconds`` and ``left``, the run's time left (at least a few seconds)."""
     log = crash.log
     res = FuzzResult(found_family=log.family, interrupted=SIGNALS.signum)
     relation = str(log.run.get("relation", opts.relation))
@@ -77,7 +80,8 @@ def crashed(opts: FuzzOptions, crash: Crash, entry: Callable[[], CatalogueEntry]
         trace.finding = {**(trace.finding or {}), "kind": "target-hung"}
     res.shrunk_steps = len(trace.steps)
     if not crash.hung and res.interrupted is None:
-        trace = _reduced(opts, trace, entry)
+        seconds = float(opts.reduce_seconds) if left is None else min(float(opts.reduce_seconds), max(left, 5.0))
+        trace = _reduced(opts, trace, entry, seconds)
     from kvspec.harness.traces.trace import trace_to_json
 
     res.trace = trace_to_json(trace)
@@ -85,19 +89,22 @@ def crashed(opts: FuzzOptions, crash: Crash, entry: Callable[[], CatalogueEntry]
     return res
 
 
-def _reduced(opts: FuzzOptions, trace: Trace, entry: Callable[[], CatalogueEntry] | None) -> Trace:
-    """``trace`` reduced by a reducer in its own child, within ``--reduce-seconds``; as it was when the
-    reducer cannot load the target or dies."""
+def _reduced(opts: FuzzOptions, trace: Trace, entry: Callable[[], CatalogueEntry] | None, seconds: float) -> Trace:
+    """``trace`` reduced by a reducer in its own child, within ``seconds``; as it was when the reducer
+    cannot load the target, raises or dies."""
     from kvspec.harness.traces.trace import trace_from_json, trace_to_json
 
-    seconds = float(opts.reduce_seconds)
     if seconds <= 0:
         return trace
     print(f"kvspec fuzz: the target crashed; reducing its trace ({len(trace.steps)} steps) for up to {seconds:g}s")
     t0 = time.monotonic()
-    out = call_isolated(
-        _reduce_in_child, opts, trace_to_json(trace), entry, seconds=seconds + 30.0, on_signal=SIGNALS.note
-    )
+    try:
+        out = call_isolated(
+            _reduce_in_child, opts, trace_to_json(trace), entry, seconds, seconds=seconds + 30.0, on_signal=SIGNALS.note
+        )
+    except Exception as e:  # the reducer could not load the target, or raised: the trace as it was
+        print(f"kvspec fuzz: the crash's trace is kept unreduced ({type(e).__name__}: {e})")
+        return trace
     if out.crash is not None or out.value is None:
         return trace
     reduced = trace_from_json(out.value, "the reducer's trace")
@@ -105,7 +112,9 @@ def _reduced(opts: FuzzOptions, trace: Trace, entry: Callable[[], CatalogueEntry
     return reduced
 
 
-def _reduce_in_child(opts: FuzzOptions, trace_json: dict[str, Any], entry: Callable[[], CatalogueEntry] | None) -> Any:
+def _reduce_in_child(
+    opts: FuzzOptions, trace_json: dict[str, Any], entry: Callable[[], CatalogueEntry] | None, seconds: float
+) -> Any:
     from kvspec.harness.run.catalogue import fuzz_target
     from kvspec.harness.traces.trace import trace_from_json, trace_to_json
 
@@ -113,4 +122,4 @@ def _reduce_in_child(opts: FuzzOptions, trace_json: dict[str, Any], entry: Calla
     target = entry() if entry is not None else fuzz_target(opts)
     if trace.finding is None or trace.finding.get("kind") != CRASHED:
         return None
-    return trace_to_json(reduce_crash(trace, target.factory, opts.checks(), float(opts.reduce_seconds)))
+    return trace_to_json(reduce_crash(trace, target.factory, opts.checks(), seconds))
