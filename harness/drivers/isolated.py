@@ -263,16 +263,30 @@ def crash_trace(crash: Crash, relation: str, target: str, profile: str | None = 
     if log.config is None:
         return None
     config = config_from_json(log.config, "flight record")
+    finding = crash_finding(crash).to_json()
+    return _flight_trace(log, config, spec_steps(config, log.ops), finding, relation, target, profile)
+
+
+def _flight_trace(
+    log: FlightLog,
+    config: Any,
+    steps: list[tuple[Any, Any]],
+    finding: dict[str, Any],
+    relation: str,
+    target: str,
+    profile: str | None,
+) -> Trace:
+    """A trace of the run ``log`` recorded: its turn's family and seed, the target's version."""
     return Trace(
         config=config,
-        steps=spec_steps(config, log.ops),
+        steps=steps,
         target_name=target,
         target_version=str(log.run.get("target_version", "")),
         seed=log.seed,
         profile=profile,
         family=log.family,
         relation=relation,
-        finding=crash_finding(crash).to_json(),
+        finding=finding,
     )
 
 
@@ -286,18 +300,8 @@ def found_trace(log: FlightLog, relation: str, target: str, profile: str | None 
     if log.found_steps is None:
         return None
     finding, steps, config = log.found_steps
-    trace = Trace(
-        config=config_from_json(config, "flight record"),
-        steps=list(steps),
-        target_name=target,
-        target_version=str(log.run.get("target_version", "")),
-        seed=log.seed,
-        profile=profile,
-        family=log.family,
-        relation=relation,
-        finding=finding,
-    )
-    return trace_to_json(trace)
+    config_value = config_from_json(config, "flight record")
+    return trace_to_json(_flight_trace(log, config_value, list(steps), finding, relation, target, profile))
 
 
 def isolated_run_ops(seconds: float) -> Callable[..., tuple[Finding | None, list[tuple[Any, object]]]]:
