@@ -337,6 +337,10 @@ def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOpti
         target = fuzz_target(opts)
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt as e:
+        if getattr(e, "signum", None) is not None:  # a real signal while loading (``SIGNALS.armed``)
+            raise
+        raise UsageError(f"target {opts.target!r}: loading it raised KeyboardInterrupt of its own") from None
     choice = choose_relation(opts.relation if relation_given else None, target)
     return replace(opts, relation=choice.relation), target, choice
 

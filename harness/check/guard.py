@@ -11,6 +11,7 @@ not model this config or operation).  ``SystemExit`` from a target is a finding,
 
 from __future__ import annotations
 
+import signal
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -101,10 +102,22 @@ def guarded_call(call: Call, timeout: float | None, fn: Callable[..., Any], *arg
     raised as a ``FindingError`` carrying ``finding_for`` it."""
     try:
         return call_with_timeout(fn, timeout, *args)
-    except PROPAGATE:
+    except PROPAGATE as e:
+        if isinstance(e, KeyboardInterrupt) and not is_user_stop(e):
+            raise FindingError(finding_for(e, call, timeout)) from None
         raise
     except BaseException as e:  # noqa: BLE001 - SystemExit from a target is a finding, not an exit
         raise FindingError(finding_for(e, call, timeout)) from None
+
+
+def is_user_stop(e: KeyboardInterrupt) -> bool:
+    """Did the user stop the run (so ``e`` passes through), or did the target raise
+    ``KeyboardInterrupt`` itself?  Under a SIGINT handler of kvspec's own (``kvspec fuzz``: it only
+    notes the signal; ``harness.run.signals``) a real Ctrl-C never raises inside a target call, so
+    there ``e`` is the target's and a finding; under Python's default handler (a plain pytest run)
+    it may be the user's, and stops the run."""
+    carries_signal = getattr(e, "signum", None) is not None  # kvspec's own stop (``Interrupted``)
+    return carries_signal or signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def malformed(call: Call, form: str, bad: S.Malformed, got: str) -> FindingError:

@@ -18,13 +18,14 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hypothesis import assume, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from kvspec.harness.check.guard import is_user_stop
 from kvspec.harness.check.hypothesis_run import cap_shrinking, run_as_test
 from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import CheckSettings
@@ -217,21 +218,23 @@ class KVMachine(RuleBasedStateMachine):
         _record_finding(self.stats, finding, list(self.ls.steps), self.ls.config)
 
     def _new_target(self, config: KVCacheConfig) -> Target:
-        """A fresh target; a factory that raises (even ``SystemExit``) is a ``target-raised`` finding at setup."""
+        """A fresh target; a factory that raises (even ``SystemExit``, or a ``KeyboardInterrupt`` of its
+        own: ``harness.check.guard.is_user_stop``) is a ``target-raised`` finding at setup."""
         FLIGHT.begin(config)
         try:
             return type(self).target_factory()
-        except KeyboardInterrupt:
-            raise
+        except KeyboardInterrupt as e:
+            if is_user_stop(e):
+                raise
+            self._factory_raised(e, config)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a user's factory must not end kvspec
-            finding = Finding(
-                "target-raised",
-                None,
-                f"the target factory raised {type(e).__name__}: {e}",
-                traceback=traceback.format_exc(),
-            )
-            _record_finding(self.stats, finding, [], config)
-            raise FindingError(finding) from None
+            self._factory_raised(e, config)
+
+    def _factory_raised(self, e: BaseException, config: KVCacheConfig) -> NoReturn:
+        message = f"the target factory raised {type(e).__name__}: {e}"
+        finding = Finding("target-raised", None, message, traceback=traceback.format_exc())
+        _record_finding(self.stats, finding, [], config)
+        raise FindingError(finding) from None
 
     def _table(self, rid: str) -> tuple[int, ...]:
         assert self.ls is not None and self.ls.tgt_obs is not None

@@ -74,7 +74,7 @@ def crashed(
         return res
     trace = crash_trace(crash, relation, opts.target, opts.profile)
     if trace is None:
-        res.stopped = f"the target crashed {log.where()}: the process {crash.how}"
+        res.stopped = f"the target {'hung' if crash.hung else 'crashed'} {log.where()}: the process {crash.how}"
         return res
     if crash.hung:
         trace.finding = {**(trace.finding or {}), "kind": "target-hung"}

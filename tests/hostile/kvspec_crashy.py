@@ -35,6 +35,8 @@ class Crashy(SpecTarget):
             os._exit(3)
         elif self.how == "abort":
             os.abort()
+        elif self.how == "interrupt":  # a KeyboardInterrupt of the target's own, no signal behind it
+            raise KeyboardInterrupt
         elif self.how == "close":
             os.close(1)
             os.close(2)
@@ -71,6 +73,8 @@ close_apply = _crashy("close", "apply")
 segv_reset = _crashy("segv", "reset")
 exit_observe = _crashy("exit", "observe")
 segv_factory = _crashy("segv", "factory")
+interrupt_apply = _crashy("interrupt", "apply")
+interrupt_factory = _crashy("interrupt", "factory")
 
 
 class DivergeThenSegv(SpecTarget):

@@ -92,6 +92,15 @@ def test_a_crash_in_the_factory_is_said(tmp_path: Path) -> None:
     no_traceback(run)
 
 
+def test_a_keyboard_interrupt_of_the_targets_own_is_no_stop(tmp_path: Path) -> None:
+    """Raised by the target with no signal behind it: a finding (in an operation) or a usage error (in
+    its factory at load), not "interrupted by SIGINT" and exit 130 as before."""
+    run = fuzz(tmp_path, "interrupt_apply")
+    assert run.returncode == 1 and "FOUND target-raised" in run.stdout and "KeyboardInterrupt" in run.stdout, run.stdout
+    run = fuzz(tmp_path, "interrupt_factory")
+    assert run.returncode == 2 and "raised KeyboardInterrupt of its own" in run.stderr, run.stdout + run.stderr
+
+
 def test_a_finding_survives_a_crash_while_it_is_reduced(tmp_path: Path) -> None:
     mark = tmp_path / "mark"
     run = fuzz(tmp_path, "diverge_then_segv", "--relation", "exact", env={"KVSPEC_CRASHY_MARK": str(mark)})
