@@ -24,6 +24,8 @@ import contextlib
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,24 +189,52 @@ def main(argv: list[str] | None = None) -> int:
             return exit_on_signal(signum)
 
 
+FORCED_STOP_SECONDS = 5.0  # after SIGINT/SIGTERM outside fuzz's own handling, the most the clean stop may take
+
+
 @contextlib.contextmanager
 def _stopped_by_signals() -> Iterator[list[int]]:
-    """SIGTERM raised as ``KeyboardInterrupt`` (as SIGINT is) in this block; the signal kept in the list."""
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in this block (the signal kept in the list), and
+    arm a watchdog: a stop still under way ``FORCED_STOP_SECONDS`` later (the exception swallowed in a
+    library's ``finally`` or a garbage-collector callback) ends the process with ``128 + signal``.
+    ``kvspec fuzz`` replaces both handlers with its own clean stop (``harness.run.signals``)."""
     stopped: list[int] = []
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
+        if stopped:
+            return  # the stop is under way, its watchdog armed
         stopped.append(signum)
+        threading.Thread(target=_forced_stop, args=(signum,), daemon=True).start()
         raise KeyboardInterrupt
 
+    def unraisable(info: Any) -> None:  # the stop swallowed where Python cannot raise it: no traceback
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            saved_hook(info)
+
+    handled = (signal.SIGINT, signal.SIGTERM)
     try:
-        saved = signal.signal(signal.SIGTERM, on_term)
+        saved = {s: signal.signal(s, on_signal) for s in handled}
     except ValueError:  # not the main thread
         yield stopped
         return
+    saved_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield stopped
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        sys.unraisablehook = saved_hook
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _forced_stop(signum: int) -> None:
+    time.sleep(FORCED_STOP_SECONDS)
+    with contextlib.suppress(Exception):
+        print(
+            f"kvspec: interrupted by {signal.Signals(signum).name} (stopped after {FORCED_STOP_SECONDS:g}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    os._exit(exit_on_signal(signum))
 
 
 def _main(argv: list[str] | None) -> int:
