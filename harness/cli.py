@@ -359,6 +359,7 @@ def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOpti
     declares a relation that does not exist."""
     from dataclasses import replace
 
+    from kvspec.harness.check.guard import is_user_stop
     from kvspec.harness.run.catalogue import fuzz_target
     from kvspec.harness.run.relation_choice import choose_relation
     from kvspec.harness.targets import TargetLoadError
@@ -368,7 +369,7 @@ def _load_fuzz_target(opts: FuzzOptions, relation_given: bool) -> tuple[FuzzOpti
     except TargetLoadError as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:
-        if getattr(e, "signum", None) is not None:  # a real signal while loading (``SIGNALS.armed``)
+        if is_user_stop(e):  # a real signal while loading (``SIGNALS.armed``)
             raise
         raise UsageError(f"target {opts.target!r}: loading it raised KeyboardInterrupt of its own") from None
     choice = choose_relation(opts.relation if relation_given else None, target)

@@ -6,7 +6,7 @@ whose recorder writes, before each call into the target, what is about to happen
 and seed), the start of each example (its configuration), each operation.  The writes go straight
 to a file (one ``os.write`` each, nothing buffered in the process), so when the child dies the parent
 reads the file and knows the example and the operation the target died in.  A finding made before
-the crash is written to a side file at once, before it is reduced, so the crash cannot lose it.
+the crash is written at once, before it is reduced, so the crash cannot lose it.
 
 Cost: one ``marshal`` of the operation's fields and one ``write`` per operation (about 3 us;
 ``python -m kvspec.harness.bench.supervision`` measures the run with and without).  Off (one
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import marshal
 import operator
 import os
@@ -68,13 +67,12 @@ class FlightRecorder:
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self.found_path: str | None = None
         self.encode_config: Callable[[Any], dict[str, Any]] = lambda c: {}
         self.written = 0
         self.context: dict[str, tuple[Any, ...]] = {}  # the run's and the turn's records (again after emptying)
 
-    def open(self, fd: int, found_path: str, encode_config: Callable[[Any], dict[str, Any]]) -> None:
-        self.fd, self.found_path, self.encode_config, self.written = fd, found_path, encode_config, 0
+    def open(self, fd: int, encode_config: Callable[[Any], dict[str, Any]]) -> None:
+        self.fd, self.encode_config, self.written = fd, encode_config, 0
         self.context = {}
 
     def close(self) -> None:
@@ -122,13 +120,11 @@ class FlightRecorder:
             self._write(self.context["found"])
 
     def found(self, trace_json: dict[str, Any]) -> None:
-        """A finding, as trace JSON, kept before anything else is tried on the target."""
-        if self.found_path is None:
-            return
-        tmp = self.found_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(trace_json, f)
-        os.replace(tmp, self.found_path)
+        """A finding, as trace JSON, kept before anything else is tried on the target (and again after
+        the file is emptied)."""
+        if self.fd is not None:
+            self.context["found_trace"] = ("found_trace", trace_json)
+            self._write(self.context["found_trace"])
 
     def _write(self, record: tuple[Any, ...]) -> None:
         if self.fd is None:
@@ -161,8 +157,8 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"the flight record names {module}.{name}, which it never holds")
 
 
-def read_flight(path: str, found_path: str | None = None) -> FlightLog:
-    """The log a recorder left at ``path`` (and ``found_path``); a frame cut short by the end is dropped."""
+def read_flight(path: str) -> FlightLog:
+    """The log a recorder left at ``path``; a frame cut short by the end is dropped."""
     log = FlightLog()
     with open(path, "rb") as f:
         data = f.read()
@@ -174,9 +170,6 @@ def read_flight(path: str, found_path: str | None = None) -> FlightLog:
             break
         _apply(log, _decode(data[at + _FRAME.size : at + _FRAME.size + 1], body))
         at += _FRAME.size + 1 + n
-    if found_path is not None and os.path.exists(found_path):
-        with open(found_path, encoding="utf-8") as f:
-            log.found = json.load(f)
     return log
 
 
@@ -204,5 +197,7 @@ def _apply(log: FlightLog, record: tuple[Any, ...]) -> None:
         log.config, log.ops = record[1], []
     elif kind == "op":
         log.ops.append(record[1])
+    elif kind == "found_trace":
+        log.found = record[1]
     elif kind == "found":
         log.found_steps = (record[1], record[2], record[3])

@@ -25,6 +25,7 @@ from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from kvspec.harness.traces.trace import Trace
 
 if TYPE_CHECKING:
+    from kvspec.harness.traces.reduce import Runner
     from kvspec.harness.traces.replay import ReplayResult
 
 
@@ -178,20 +179,23 @@ def reduce_finding(
     seconds: float,
     should_stop: Callable[[], bool],
     deadline: float | None = None,
+    runner: Runner | None = None,
 ) -> tuple[Trace, Finding]:
     """``trace`` (ending in ``finding``) reduced by replaying operations on ``factory``'s targets
     (``harness.traces.reduce``) for up to ``seconds``, and not past ``deadline`` (``should_stop()``
     ends it with the smallest trace so far); the trace unchanged when reduction is off or finds
     nothing smaller, or when it does not replay outside the run (a flaky target, a factory that
-    raises, even ``SystemExit``)."""
-    from kvspec.harness.traces.reduce import reduce_trace
+    raises, even ``SystemExit``).  ``runner`` replays one candidate (``harness.traces.reduce.run_ops``
+    unless given: a crashing target's in a child, ``harness.drivers.isolated``)."""
+    from kvspec.harness.traces.reduce import reduce_trace, run_ops
 
     if deadline is not None:
         seconds = min(seconds, deadline - time.monotonic())
     if seconds <= 0 or should_stop():
         return trace, finding
     try:
-        red = reduce_trace(trace.config, trace.ops, finding, factory, checks, seconds, should_stop=should_stop)
+        config, ops, run = trace.config, trace.ops, runner or run_ops
+        red = reduce_trace(config, ops, finding, factory, checks, seconds, should_stop=should_stop, runner=run)
     except KeyboardInterrupt:
         raise
     except BaseException:  # noqa: BLE001 - see the docstring: keep it as recorded

@@ -35,7 +35,7 @@ from kvspec.harness.check.finding import Finding
 from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.core.flight import FLIGHT, FlightLog, read_flight
 from kvspec.harness.core.ops_json import op_to_json
-from kvspec.harness.drivers.base import signal_name
+from kvspec.harness.drivers.base import reduce_finding, signal_name
 from kvspec.harness.traces.trace import Trace, config_from_json, config_to_json
 
 if TYPE_CHECKING:
@@ -107,31 +107,30 @@ def call_isolated(
         with contextlib.suppress(Exception):
             stream.flush()
     workdir = tempfile.mkdtemp(prefix="kvspec-flight-")
-    flight, found = os.path.join(workdir, "flight"), os.path.join(workdir, "found.json")
+    flight = os.path.join(workdir, "flight")
     fd = os.open(flight, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(r)
-        _child(fn, args, w, fd, found)
+        _child(fn, args, w, fd)
     os.close(w)
     os.close(fd)
     try:
         data, status, hung = _collect(pid, r, seconds, on_signal)
-        return _outcome(data, status, hung, flight, found)
+        return _outcome(data, status, hung, flight)
     finally:
-        for path in (flight, found):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(flight)
         with contextlib.suppress(OSError):
             os.rmdir(workdir)
 
 
-def _child(fn: Callable[..., Any], args: tuple[Any, ...], w: int, fd: int, found: str) -> None:
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], w: int, fd: int) -> None:
     status = 0
     try:
         _die_with_parent()
-        FLIGHT.open(fd, found, config_to_json)
+        FLIGHT.open(fd, config_to_json)
         held = _hold_unreal_streams()
         try:
             result: Any = fn(*args)
@@ -214,7 +213,7 @@ def _passing_signals_to(pid: int, on_signal: Callable[[int], None] | None) -> An
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
-def _outcome(data: bytes, status: int, hung: bool, flight: str, found: str) -> Isolated:
+def _outcome(data: bytes, status: int, hung: bool, flight: str) -> Isolated:
     if not hung and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data:
         sent = pickle.loads(data)  # noqa: S301 - our own child's bytes, through our own pipe
         sys.stdout.write(sent.out)
@@ -222,10 +221,10 @@ def _outcome(data: bytes, status: int, hung: bool, flight: str, found: str) -> I
         result = sent.result
         if isinstance(result, _Raised):
             if _streams_closed(result.error):
-                return Isolated(crash=Crash("closed kvspec's standard streams", read_flight(flight, found)))
+                return Isolated(crash=Crash("closed kvspec's standard streams", read_flight(flight)))
             raise result.error
         return Isolated(value=result)
-    return Isolated(crash=_crash(status, hung, read_flight(flight, found)))
+    return Isolated(crash=_crash(status, hung, read_flight(flight)))
 
 
 def _streams_closed(error: BaseException) -> bool:
@@ -246,12 +245,13 @@ def _crash(status: int, hung: bool, log: FlightLog) -> Crash:
 
 
 def crash_finding(crash: Crash) -> Finding:
-    """The ``target-crashed`` finding of ``crash``: where the target was, and how the process ended."""
+    """The ``target-crashed`` (killed as hung: ``target-hung``) finding of ``crash``: where the target
+    was, and how the process ended."""
     log = crash.log
     step = len(log.ops) - 1 if log.ops else None
     op = op_to_json(log.ops[-1]) if log.ops else None
     message = f"the process running the target {crash.how}, {log.where()}"
-    return Finding(CRASHED, step, message, op)
+    return Finding("target-hung" if crash.hung else CRASHED, step, message, op)
 
 
 def crash_trace(crash: Crash, relation: str, target: str, profile: str | None = None) -> Trace | None:
@@ -321,21 +321,12 @@ def isolated_run_ops(seconds: float) -> Callable[..., tuple[Finding | None, list
 
 
 def reduce_crash(trace: Trace, factory: Callable[[], Any], checks: CheckSettings, seconds: float) -> Trace:
-    """``trace`` (ending in a crash) made smaller, each candidate replayed in its own child, within
-    ``seconds``; as it was if it does not crash again outside the run."""
-    from kvspec.harness.traces.reduce import reduce_trace
-
-    finding = Finding(**trace.finding) if trace.finding else None
-    if finding is None or seconds <= 0:
+    """``trace`` (ending in a crash) made smaller by ``reduce_finding``, each candidate replayed in its
+    own child, within ``seconds``; as it was if it does not crash again outside the run."""
+    if trace.finding is None:
         return trace
-    per_replay = max(5.0, (checks.step_timeout or 10.0) * 2)
-    try:
-        runner = isolated_run_ops(per_replay)
-        red = reduce_trace(trace.config, trace.ops, finding, factory, checks, seconds, runner=runner)
-    except ValueError:  # it did not crash again
-        return trace
-    trace.config, trace.steps, trace.finding = red.config, list(red.steps), red.finding.to_json()
-    return trace
+    runner = isolated_run_ops(max(5.0, (checks.step_timeout or 10.0) * 2))
+    return reduce_finding(trace, Finding(**trace.finding), factory, checks, seconds, lambda: False, runner=runner)[0]
 
 
 def replay_isolated(trace: Trace, factory: Callable[[], Any], checks: CheckSettings) -> ReplayResult:

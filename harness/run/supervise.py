@@ -76,8 +76,6 @@ def crashed(
     if trace is None:
         res.stopped = f"the target {'hung' if crash.hung else 'crashed'} {log.where()}: the process {crash.how}"
         return res
-    if crash.hung:
-        trace.finding = {**(trace.finding or {}), "kind": "target-hung"}
     res.shrunk_steps = len(trace.steps)
     if not crash.hung and res.interrupted is None:
         seconds = float(opts.reduce_seconds) if left is None else min(float(opts.reduce_seconds), max(left, 5.0))

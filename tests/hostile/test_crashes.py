@@ -134,7 +134,7 @@ def test_the_flight_log_names_the_last_operation_and_keeps_its_context(tmp_path:
     path = tmp_path / "flight"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     rec = FlightRecorder()
-    rec.open(fd, str(tmp_path / "found.json"), lambda c: {"config": c})
+    rec.open(fd, lambda c: {"config": c})
     rec.note_run({"relation": "exact"})
     rec.turn("full", 7)
     for i in range(40_000):  # past the size at which an example's start empties the file
