@@ -9,7 +9,7 @@
 - ``supervise``: the run in a child process it outlives, a crash or hang of the target a finding;
 - ``replays``: ``kvspec replay``; ``workers``: ``--workers N`` processes on one example database;
   ``signals``: SIGINT and SIGTERM; ``startup``: the cold start's figures;
-- ``profiles``: the Hypothesis profiles; ``junit``: JUnit XML for CI;
+- ``profiles``: the Hypothesis profiles; ``junit``: JUnit XML for CI; ``paths``: folders checked writable;
 - ``pytest_plugin`` and ``pytest_suite``: kvspec as a pytest plugin.
 
 Imports: harness, harness.core, harness.world, harness.targets, harness.ledger, harness.oracle,

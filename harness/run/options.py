@@ -19,13 +19,13 @@ import argparse
 import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.run.paths import NotAFolder, probe_writable_folder
 
 T = TypeVar("T")
 
@@ -252,26 +252,12 @@ def check_numbers(ns: argparse.Namespace, table: tuple[NumberRange, ...]) -> Non
 
 
 def check_writable_folder(option: str, folder: str, shown: str) -> None:
-    """``folder`` is a folder this process can write in, or can create: it is made (with its missing
-    parents), a temp file is written in it and removed, and the folders made for the check are removed
-    again (nothing is left behind).  ``UsageError`` names ``option``, the path as given (``shown``)
+    """``probe_writable_folder(folder)``; ``UsageError`` names ``option``, the path as given (``shown``)
     and the problem."""
-    path = Path(folder)
     try:
-        chain = [path, *path.parents]
-        missing = [p for p in chain if not p.exists()]  # deepest first
-        blocker = next((p for p in chain if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            raise UsageError(f"{option} {shown!r}: {blocker} is a file, not a folder")
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
-            os.close(fd)
-            os.unlink(probe)
-        finally:
-            for p in missing:
-                with contextlib.suppress(OSError):
-                    p.rmdir()
+        probe_writable_folder(folder)
+    except NotAFolder as e:
+        raise UsageError(f"{option} {shown!r}: {e}") from None
     except OSError as e:
         raise UsageError(f"{option} {shown!r}: cannot create it or write in it: {e.strerror or e}") from None
     except ValueError as e:  # a NUL in the path

@@ -10,17 +10,16 @@ harness' per-step timeout, not by Hypothesis.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import socket
-import tempfile
 from collections.abc import Iterable
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from kvspec.harness.run.paths import NotAFolder, probe_writable_folder
 
 PROFILES: dict[str, dict[str, object]] = {
     "dev": dict(max_examples=30, stateful_step_count=40),
@@ -111,24 +110,15 @@ def check_database(spec: str | None = None) -> ExampleDatabase:
 
 
 def _check_folder(folder: str, shown: str) -> None:
-    """``folder`` can hold examples: it is (or can be made) a folder, and a file can be written in it.
-    Folders made for the check are removed again (a run refused later leaves nothing behind)."""
-    path = Path(folder)
-    missing = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    """``folder`` can hold examples (``harness.run.options.probe_writable_folder``: nothing left behind,
+    so a run refused later leaves no folder)."""
     try:
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"example database {shown!r}: not a folder (examples would be lost)")
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".kvspec-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable_folder(folder)
+    except NotAFolder:
+        raise ValueError(f"example database {shown!r}: not a folder (examples would be lost)") from None
     except OSError as e:
         why = e.strerror or e
         raise ValueError(f"example database {shown!r}: cannot write in it ({why}); nothing would be kept") from None
-    finally:
-        for p in missing:
-            with contextlib.suppress(OSError):
-                p.rmdir()
 
 
 def generates(name: str) -> bool:
