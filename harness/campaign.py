@@ -80,7 +80,13 @@ class Entry:
     def startup_target(self) -> str:
         """The target whose start-up a cold ``kvspec fuzz`` of this row pays: the built-in one its
         mutant patches, or the user's ``package.module:factory`` (less its ``#mutant``)."""
-        builtin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "scheduler": "vllm-scheduler"}
+        builtin = {
+            "spec": "spec",
+            "impl": "impl",
+            "vllm": "vllm",
+            "scheduler": "vllm-scheduler",
+            "engine": "vllm-engine",
+        }
         return builtin.get(self.origin, self.target.split("#", 1)[0])
 
 
@@ -150,12 +156,24 @@ def builtin_entries(with_vllm: bool) -> list[Entry]:
     vLLM ones only ``with_vllm``."""
     from kvspec.harness.mutants.registry import all_mutants
 
+    engines = with_vllm and _engine_venv()
     return [
         _entry(m, mode)
         for m in all_mutants()
-        if with_vllm or m.target not in ("vllm", "vllm-scheduler")
+        if (with_vllm or m.target not in ("vllm", "vllm-scheduler")) and (engines or m.target != "vllm-engine")
         for mode in m.modes
     ]
+
+
+def _engine_venv() -> bool:
+    """Is there an engine venv for the engine-path mutants (``ci/setup --engine``)?"""
+    from kvspec.harness.engine.driver import EngineUnavailable, engine_python
+
+    try:
+        engine_python()
+    except EngineUnavailable:
+        return False
+    return True
 
 
 def _entry(m: Mutant, mode: str) -> Entry:
@@ -163,7 +181,7 @@ def _entry(m: Mutant, mode: str) -> Entry:
     the catalogue's ``mutant:NAME`` target, resolved when the row runs."""
     from kvspec.harness.targets.spec import SpecTarget
 
-    origin = "scheduler" if m.target == "vllm-scheduler" else m.target
+    origin = {"vllm-scheduler": "scheduler", "vllm-engine": "engine"}.get(m.target, m.target)
     target, fams = f"mutant:{m.name}", (m.family,)
     if mode == "self":
         return Entry(m.name, origin, mode, target, fams, SpecTarget, patch=_self_patch(m.name))

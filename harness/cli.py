@@ -52,10 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     from kvspec.harness.campaign import add_parser as add_mutants_parser
 
     add_mutants_parser(sub)
+    from kvspec.harness.engine_cli import add_engine_parser
+
+    add_engine_parser(sub)
     return p
 
 
-TARGETS_HELP = "spec, vllm, impl, vllm-fixed, vllm-scheduler, mutant:NAME or package.module:factory"
+TARGETS_HELP = "spec, vllm, impl, vllm-fixed, vllm-scheduler, vllm-engine, mutant:NAME or package.module:factory"
 
 
 def _add_fuzz(sub: Any) -> None:
@@ -249,6 +252,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         if args.command == "fuzz":
             return fuzz(FuzzOptions.from_namespace(args, os.environ), relation_given=args.relation is not None)
+        if args.command == "engine":
+            from kvspec.harness.engine_cli import engine_options
+
+            opts = engine_options(args, _parser())
+            return fuzz(opts, relation_given=False)
         if args.command == "replay":
             return replay_cmd(args)
         if args.command == "report":

@@ -13,8 +13,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BELOW_RUN = ("core", "world", "targets", "ledger", "oracle", "mutants", "check", "traces", "drivers", "vllm_sched")
-EDGES = {"harness/vllm_sched/record.py"}  # KVSPEC_RECORD / KVSPEC_SHADOW in a user's vLLM process (its plugin)
+BELOW_RUN = (
+    "core",
+    "world",
+    "targets",
+    "ledger",
+    "oracle",
+    "mutants",
+    "check",
+    "traces",
+    "drivers",
+    "vllm_sched",
+    "engine",
+)
+EDGES = {
+    "harness/vllm_sched/record.py",  # KVSPEC_RECORD / KVSPEC_SHADOW in a user's vLLM process (its plugin)
+    "harness/engine/driver.py",  # KVSPEC_ENGINE_VENV: where the engine venv is, and the worker's environment
+    "harness/engine/worker.py",  # the engine worker's process entry point (vLLM's in-process switches)
+}
 READERS = {"environ", "getenv", "environb", "getenvb", "putenv", "unsetenv"}
 
 

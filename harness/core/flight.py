@@ -134,6 +134,8 @@ class FlightRecorder:
 
 
 _OP_CLASSES = {t.__name__: t for t in O.OP_TYPES.values()}
+
+
 def _values_of(t: type) -> Callable[[Any], tuple[Any, ...]]:
     """The field values of an operation of class ``t``, in its constructor's order (C-speed)."""
     names = [f.name for f in dataclasses.fields(t) if f.init]

@@ -3,7 +3,8 @@
 The target catalogue (``harness.run.catalogue.resolve``) turns ``mutant:NAME`` into a target through
 ``find_mutant`` and ``mutant_factory``; ``all_mutants`` lists every catalogue's
 ``Mutant`` records (``harness.mutants.record``): the spec's (``spec``, ``invariants``), the ``impl``
-allocator's (``impl``), vLLM's manager's (``vllm``) and vLLM's scheduler's (``vllm_scheduler``).
+allocator's (``impl``), vLLM's manager's (``vllm``), vLLM's scheduler's (``vllm_scheduler``) and the engine path's
+(``vllm_engine``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from kvspec.harness.mutants.record import Mutant
 def all_mutants() -> tuple[Mutant, ...]:
     """Every built-in mutant, catalogue by catalogue (the campaign's row order).  Importing the vLLM
     catalogues is free: vLLM itself is imported only when a mutant is applied."""
-    from kvspec.harness.mutants import impl, spec, vllm, vllm_scheduler
+    from kvspec.harness.mutants import impl, spec, vllm, vllm_engine, vllm_scheduler
 
     return (
         *spec.SPEC_MUTANTS.values(),
         *impl.MUTANTS.values(),
         *vllm.MUTANTS.values(),
         *vllm_scheduler.MUTANTS.values(),
+        *vllm_engine.MUTANTS.values(),
     )
 
 

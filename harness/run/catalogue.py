@@ -8,7 +8,7 @@ and its origin.  Names follow ``harness.core.target_names``:
 
 - the built-in targets, here and nowhere else (``BUILTIN``): ``spec``, ``vllm``, ``impl``,
   ``vllm-fixed`` (vLLM with the proposed fixes of K1 and K3), ``vllm-scheduler`` (vLLM's real scheduler
-  driving its manager);
+  driving its manager), ``vllm-engine`` (real engines on tiny models, ``harness.engine``);
 - ``mutant:NAME``: a deliberate bug of any catalogue (``harness.mutants.registry.all_mutants``), run
   by the driver of the kind of target it mutates;
 - ``package.module:factory``: a user's manager (``harness.targets.user_factory``), lockstep-driven.
@@ -203,12 +203,38 @@ def _scheduler(assume_release: str | None, name: str = "vllm-scheduler", mutant:
     )
 
 
+def _engine(assume_release: str | None, name: str = "vllm-engine", mutant: str | None = None) -> CatalogueEntry:
+    """Real vLLM engines on tiny models, every engine check on (``harness.engine``), run in the engine
+    venv (``ci/setup --engine``); ``mutant``: a deliberate engine-path bug in the worker."""
+    from kvspec.harness.engine.driver import EngineDriver, EngineUnavailable, engine_python
+    from kvspec.harness.engine.workload import ENGINE_FAMILIES
+
+    try:
+        engine_python()
+    except EngineUnavailable as e:
+        raise TargetLoadError(f"target {name!r}: {e}") from None
+    return CatalogueEntry(
+        name,
+        _no_engine_factory,
+        partial(EngineDriver, mutant=mutant),
+        relation="exact",
+        relation_reason=EXACT_WHY.format(name),
+        families=ENGINE_FAMILIES,
+        origin="engine",
+    )
+
+
+def _no_engine_factory() -> Any:
+    raise TargetLoadError("a real engine drives vLLM's own manager: it has no target factory to call")
+
+
 BUILTIN: dict[str, Callable[[str | None], CatalogueEntry]] = {
     "spec": _spec,
     "vllm": _vllm,
     "impl": _impl,
     "vllm-fixed": _vllm_fixed,
     "vllm-scheduler": _scheduler,
+    "vllm-engine": _engine,
 }
 
 
@@ -222,6 +248,8 @@ def _mutant_entry(name: str, assume_release: str | None) -> CatalogueEntry:
         raise TargetLoadError(f"unknown mutant {name[len(MUTANT_PREFIX) :]!r} (known: {known})")
     if mutant.target == "vllm-scheduler":
         return _scheduler(assume_release, name, mutant.name)
+    if mutant.target == "vllm-engine":
+        return _engine(assume_release, name, mutant.name)
     if mutant.target == "vllm":
         _vllm(assume_release)  # says why when vLLM is not installed
     entry = CatalogueEntry(name, mutant_factory(mutant), relation="exact", relation_reason=EXACT_WHY.format(name))

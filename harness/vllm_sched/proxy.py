@@ -20,13 +20,19 @@ the scheduler returns to the pool behind the manager's back) raise ``Unsupported
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kvspec.harness.core import ops as O
 from kvspec.harness.core.book import RequestBook
 from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.vllm import _block_ids
+
+log = logging.getLogger("kvspec.record")
+_NOTHING = object()  # no real call made yet (``ManagerProxy._mirrored``)
 
 
 class Sink(Protocol):
@@ -82,20 +88,69 @@ def _cache_reads(request: Any) -> dict[str, Any]:
 
 
 class ManagerProxy:
-    """Stands in for ``scheduler.kv_cache_manager``; see the module docstring."""
+    """Stands in for ``scheduler.kv_cache_manager``; see the module docstring.
 
-    def __init__(self, real: Any, sink: Sink) -> None:
+    The proxy passes each call through with exactly the arguments the scheduler gave, so it works
+    on any release's signatures; the arguments are read by name against the real method's own
+    signature.  ``tolerant`` (the plugin in a user's engine): a call the mirror cannot follow
+    (``Unsupported``) turns mirroring off for good, said once on the log, and the engine goes on
+    serving; otherwise (kvspec's own drivers) ``Unsupported`` propagates."""
+
+    def __init__(self, real: Any, sink: Sink, tolerant: bool = False) -> None:
         self._real = real
         self._sink = sink
         self.sink = sink
+        self.tolerant = tolerant
+        self.off: str | None = None  # why mirroring stopped (tolerant mode)
         self._book: RequestBook[None] = RequestBook()
         self._lookups: dict[str, Any] = {}  # request id -> the last lookup result (identity)
         self._requests: dict[str, Any] = {}  # request id -> the real Request
+        self._signatures: dict[str, inspect.Signature] = {}
+        self._result: Any = _NOTHING  # the real call's result, once made (``_mirrored``)
         self.calls = 0  # manager calls mirrored
         self.seconds = 0.0  # time spent in the real calls (bare)
 
     def __getattr__(self, name: str) -> Any:  # read-only calls and attributes pass through
         return getattr(self._real, name)
+
+    @property
+    def passing(self) -> bool:
+        """Calls go straight through: the sink wants nothing more, or mirroring was turned off."""
+        return self.off is not None or self._sink.done
+
+    def _mirrored(self, name: str, mirror: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The real ``name(*args, **kwargs)``, mirrored by ``mirror`` (which makes the real call
+        through ``_call``) unless calls pass through; in tolerant mode ``Unsupported`` turns the
+        mirror off and the call still reaches the real manager once."""
+        real = getattr(self._real, name)
+        if self.passing:
+            return real(*args, **kwargs)
+        self._result = _NOTHING
+        try:
+            return mirror(self._arguments(name, args, kwargs), args, kwargs)
+        except Unsupported as e:
+            if not self.tolerant:
+                raise
+            self.turn_off(str(e))
+            return real(*args, **kwargs) if self._result is _NOTHING else self._result
+
+    def turn_off(self, why: str) -> None:
+        """Stop mirroring for good (tolerant mode): said once, serving goes on."""
+        if self.off is None:
+            self.off = why
+            log.warning("kvspec: stopped mirroring this scheduler's manager: %s; serving goes on", why)
+
+    def _arguments(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, defaults filled in, read against the real method's signature."""
+        sig = self._signatures.get(name)
+        if sig is None:
+            sig = self._signatures[name] = inspect.signature(getattr(self._real, name))
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise Unsupported(f"{name} called with arguments its signature does not take: {e}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     # --- request state ---------------------------------------------------------------------------
 
@@ -142,19 +197,32 @@ class ManagerProxy:
 
     def sync_ids(self, request_ids: Any) -> None:
         """Synchronise the known requests among ``request_ids`` (the end of a scheduler phase)."""
-        if self._sink.done:
+        if self.passing:
             return
         for rid in list(request_ids):
             request = self._requests.get(rid)
             if request is not None:
                 self._sync(request)
 
+    def sync_phase_end(self, request_ids: Any) -> None:
+        """``sync_ids`` at a scheduler phase's end; in tolerant mode what the mirror cannot follow
+        turns it off instead of reaching the scheduler."""
+        try:
+            self.sync_ids(request_ids)
+        except Unsupported as e:
+            if not self.tolerant:
+                raise
+            self.turn_off(str(e))
+
     def _emit(self, op: O.Op, request: Any) -> None:
         self._book.apply(op)
         self._sink.request_op(op, request)
 
-    def _call(self, op: O.Op, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """The real call, timed; then the manager operation with its outcome to the sink."""
+    # --- the manager calls that change state -----------------------------------------------------
+
+    def _call(self, op: O.Op, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The real call with the scheduler's own arguments, timed; a call that raises goes to the
+        sink as the operation with no outcome, then propagates."""
         self.calls += 1
         t = time.perf_counter()
         try:
@@ -164,76 +232,64 @@ class ManagerProxy:
             self._sink.manager_op(op, None, e)
             raise
         self.seconds += time.perf_counter() - t
+        self._result = result
         return result
 
-    # --- the manager calls that change state -----------------------------------------------------
+    def get_computed_blocks(self, *args: Any, **kwargs: Any) -> Any:
+        return self._mirrored("get_computed_blocks", self._get_computed_blocks, args, kwargs)
 
-    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> Any:
-        if self._sink.done:
-            return self._real.get_computed_blocks(request, max_cache_hit_length)
-        if max_cache_hit_length is not None:
+    def _get_computed_blocks(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        request = a["request"]
+        if a.get("max_cache_hit_length") is not None:
             raise Unsupported("get_computed_blocks with max_cache_hit_length is not mirrored")
         self._sync(request)
         op = O.GetComputedBlocks(request.request_id)
-        result = self._call(op, self._real.get_computed_blocks, request)
-        blocks, num_hit, _boundary = result
+        result = self._call(op, self._real.get_computed_blocks, args, kwargs)
+        blocks, num_hit = result[0], result[1]
         self._lookups[request.request_id] = blocks
         self._sink.manager_op(op, {"block_ids": _block_ids(blocks), "num_hit_tokens": num_hit}, None)
         return result
 
     def get_computed_blocks_for_connector(self, *args: Any, **kwargs: Any) -> Any:
+        return self._mirrored("get_computed_blocks_for_connector", self._connector_hits, args, kwargs)
+
+    def _connector_hits(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise Unsupported("connectors with divergent local hybrid hits are not mirrored")
 
-    def allocate_slots(
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: Any = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-        skip_zeroing_group_ids: tuple[int, ...] = (),  # zeroing bookkeeping only: not observed
-    ) -> Any:
+    ALLOCATE_FIELDS = (
+        "num_new_computed_tokens",
+        "num_lookahead_tokens",
+        "num_external_computed_tokens",
+        "delay_cache_blocks",
+        "num_encoder_tokens",
+        "full_sequence_must_fit",
+        "reserved_blocks",
+        "has_scheduled_reqs",
+    )
+    """``allocate_slots`` keywords that are ``AllocateSlots`` fields of the same name."""
+    ALLOCATE_IGNORED = ("self", "request", "num_new_tokens", "new_computed_blocks", "skip_zeroing_group_ids")
+    """... and those read otherwise, or not observed (zeroing bookkeeping)."""
+
+    def allocate_slots(self, *args: Any, **kwargs: Any) -> Any:
         """The real ``allocate_slots``, mirrored as one ``AllocateSlots`` operation (the computed
-        blocks must be the ones this request's lookup returned, or none)."""
-        args = (
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            num_encoder_tokens,
-            full_sequence_must_fit,
-            reserved_blocks,
-            has_scheduled_reqs,
-            skip_zeroing_group_ids,
-        )
-        if self._sink.done:
-            return self._real.allocate_slots(*args)
+        blocks must be the ones this request's lookup returned, or none; a keyword kvspec does not
+        model must carry its default)."""
+        return self._mirrored("allocate_slots", self._allocate_slots, args, kwargs)
+
+    def _allocate_slots(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        request = a["request"]
+        sig = self._signatures["allocate_slots"]
+        for name, value in a.items():
+            if name in self.ALLOCATE_FIELDS or name in self.ALLOCATE_IGNORED:
+                continue
+            if value != sig.parameters[name].default:
+                raise Unsupported(f"allocate_slots({name}={value!r}) is not modelled by kvspec")
         rid = request.request_id
         self._sync(request)
-        used = self._lookup_used(rid, new_computed_blocks)
-        op = O.AllocateSlots(
-            rid,
-            num_new_tokens,
-            num_new_computed_tokens=num_new_computed_tokens,
-            use_computed_blocks=used,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks,
-            num_encoder_tokens=num_encoder_tokens,
-            full_sequence_must_fit=full_sequence_must_fit,
-            reserved_blocks=reserved_blocks,
-            has_scheduled_reqs=has_scheduled_reqs,
-        )
-        new = self._call(op, self._real.allocate_slots, *args)
+        used = self._lookup_used(rid, a.get("new_computed_blocks"))
+        fields = {k: a[k] for k in self.ALLOCATE_FIELDS if k in a}
+        op = O.AllocateSlots(rid, a["num_new_tokens"], use_computed_blocks=used, **fields)
+        new = self._call(op, self._real.allocate_slots, args, kwargs)
         self._sink.manager_op(op, None if new is None else {"block_ids": _block_ids(new)}, None)
         return new
 
@@ -248,74 +304,86 @@ class ManagerProxy:
             del self._lookups[rid]
         return used
 
-    def free(self, request: Any) -> None:
-        if self._sink.done:
-            return self._real.free(request)  # type: ignore[no-any-return]
+    def free(self, *args: Any, **kwargs: Any) -> None:
+        self._mirrored("free", self._free, args, kwargs)
+
+    def _free(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        request = a["request"]
         self._sync(request)
         self._lookups.pop(request.request_id, None)
         op = O.Free(request.request_id)
-        self._call(op, self._real.free, request)
+        self._call(op, self._real.free, args, kwargs)
         self._sink.manager_op(op, None, None)
 
-    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        if self._sink.done:
-            return self._real.cache_blocks(request, num_computed_tokens)  # type: ignore[no-any-return]
+    def cache_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self._mirrored("cache_blocks", self._cache_blocks, args, kwargs)
+
+    def _cache_blocks(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        request = a["request"]
         self._sync(request)
-        op = O.CacheBlocks(request.request_id, num_computed_tokens)
-        self._call(op, self._real.cache_blocks, request, num_computed_tokens)
+        op = O.CacheBlocks(request.request_id, a["num_computed_tokens"])
+        self._call(op, self._real.cache_blocks, args, kwargs)
         self._sink.manager_op(op, None, None)
 
-    def remove_skipped_blocks(
-        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
-    ) -> None:
-        if self._sink.done:
-            return self._real.remove_skipped_blocks(  # type: ignore[no-any-return]
-                request_id, processed_computed_tokens, num_prompt_tokens
-            )
+    def remove_skipped_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self._mirrored("remove_skipped_blocks", self._remove_skipped_blocks, args, kwargs)
+
+    def _remove_skipped_blocks(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        request_id = a["request_id"]
         # num_prompt_tokens matters to R-SWA groups only (harness.vllm_sched.build builds none).
-        if num_prompt_tokens is not None and any(
+        if a.get("num_prompt_tokens") is not None and any(
             type(m).__name__ == "RSWAManager" for m in self._real.coordinator.single_type_managers
         ):
             raise Unsupported("remove_skipped_blocks of R-SWA groups is not mirrored")
         if request_id in self._requests:
             self._sync(self._requests[request_id])
-        op = O.RemoveSkippedBlocks(request_id, processed_computed_tokens)
-        self._call(op, self._real.remove_skipped_blocks, request_id, processed_computed_tokens, num_prompt_tokens)
+        computed: int = a["processed_computed_tokens"] if "processed_computed_tokens" in a else a["num_computed_tokens"]
+        op = O.RemoveSkippedBlocks(request_id, computed)
+        self._call(op, self._real.remove_skipped_blocks, args, kwargs)
         self._sink.manager_op(op, None, None)
 
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        if self._sink.done:
-            return self._real.evict_blocks(block_ids)  # type: ignore[no-any-return]
-        op = O.EvictBlocks(tuple(sorted(block_ids)))
-        self._call(op, self._real.evict_blocks, block_ids)
+    def evict_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self._mirrored("evict_blocks", self._evict_blocks, args, kwargs)
+
+    def _evict_blocks(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        op = O.EvictBlocks(tuple(sorted(a["block_ids"])))
+        self._call(op, self._real.evict_blocks, args, kwargs)
         self._sink.manager_op(op, None, None)
 
-    def reset_prefix_cache(self) -> bool:
-        if self._sink.done:
-            return bool(self._real.reset_prefix_cache())
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(self._mirrored("reset_prefix_cache", self._reset_prefix_cache, args, kwargs))
+
+    def _reset_prefix_cache(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         op = O.ResetPrefixCache()
-        ok = bool(self._call(op, self._real.reset_prefix_cache))
+        ok = bool(self._call(op, self._real.reset_prefix_cache, args, kwargs))
         self._sink.manager_op(op, ok, None)
         return ok
 
     # --- calls the mirror cannot follow ----------------------------------------------------------
 
-    def pop_blocks_for_free(self, request: Any) -> Any:
+    def pop_blocks_for_free(self, *args: Any, **kwargs: Any) -> Any:
+        return self._mirrored("pop_blocks_for_free", self._cannot_follow_deferred_frees, args, kwargs)
+
+    def _cannot_follow_deferred_frees(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise Unsupported("deferred block frees (pop_blocks_for_free) are not mirrored")
 
     def take_kv_cache_block_copies(self) -> Any:
         copies, retained = self._real.take_kv_cache_block_copies()
-        if copies or retained:
-            raise Unsupported("copy-on-write block copies are not mirrored")
+        if (copies or retained) and not self.passing:
+            why = "copy-on-write block copies are not mirrored"
+            if not self.tolerant:
+                raise Unsupported(why)
+            self.turn_off(why)
         return copies, retained
 
 
-def install(scheduler: Any, sink: Sink) -> ManagerProxy:
-    """Put a ``ManagerProxy`` feeding ``sink`` in place of ``scheduler.kv_cache_manager``."""
+def install(scheduler: Any, sink: Sink, tolerant: bool = False) -> ManagerProxy:
+    """Put a ``ManagerProxy`` feeding ``sink`` in place of ``scheduler.kv_cache_manager`` (``tolerant``:
+    see ``ManagerProxy``)."""
     real = scheduler.kv_cache_manager
     if isinstance(real, ManagerProxy):
         raise ValueError("the scheduler's manager is already proxied")
-    proxy = ManagerProxy(real, sink)
+    proxy = ManagerProxy(real, sink, tolerant)
     scheduler.kv_cache_manager = proxy
     cls = type(scheduler)
 
@@ -323,11 +391,11 @@ def install(scheduler: Any, sink: Sink) -> ManagerProxy:
     # model emits them (harness/world/scheduler.py), not only at the request's next manager call.
     def _update_after_schedule(scheduler_output: Any) -> None:
         cls._update_after_schedule(scheduler, scheduler_output)
-        proxy.sync_ids(scheduler_output.num_scheduled_tokens)
+        proxy.sync_phase_end(scheduler_output.num_scheduled_tokens)
 
     def update_from_output(scheduler_output: Any, model_runner_output: Any) -> Any:
         out = cls.update_from_output(scheduler, scheduler_output, model_runner_output)
-        proxy.sync_ids(sorted(scheduler.requests))
+        proxy.sync_phase_end(sorted(scheduler.requests))
         return out
 
     scheduler._update_after_schedule = _update_after_schedule

@@ -41,6 +41,7 @@ from kvspec.harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace
 from kvspec.harness.vllm_sched.proxy import install
 from kvspec.harness.vllm_sched.sink import LockstepSink
 from kvspec.spec.config import AttentionSpec, KVCacheConfig, chunked_local, full_attention, sliding_window
+from kvspec.spec.releases.profile import Profile
 from kvspec.spec.types import BlockCount, TokenCount
 
 ENV_RECORD = "KVSPEC_RECORD"
@@ -96,7 +97,36 @@ def spec_config_of(scheduler: Any) -> KVCacheConfig:
         )
     if int(scheduler.block_size) != int(config.scheduler_block_size):
         raise Unsupported(f"scheduler block size {scheduler.block_size} is not the LCM of the group block sizes")
-    return config.validate()
+    _check_retention(scheduler.kv_cache_config, groups)
+    return dataclasses.replace(config, profile=running_profile()).validate()
+
+
+def running_profile() -> Profile:
+    """The profile of the vLLM release this process runs (or of the one ``KVSPEC_VLLM_PROFILE`` names
+    for an unknown release): what a recorded trace is stamped with and the spec follows."""
+    from kvspec.harness.targets.vllm import _vllm
+    from kvspec.harness.targets.vllm_release import ASSUME_ENV
+
+    try:
+        return _vllm(os.environ.get(ASSUME_ENV) or None).api.profile  # type: ignore[no-any-return]
+    except Exception as e:  # noqa: BLE001 - an unknown release, or a broken probe: not modelled
+        raise Unsupported(f"the running vLLM release is not one kvspec models: {e}") from None
+
+
+def _check_retention(kv_cache_config: Any, groups: list[AttentionSpec]) -> None:
+    """vLLM's ``prefix_cache_retention_interval`` (0.32 on; the engine's default is 0): kvspec models
+    dense retention (None), and any value for a config without sliding-window groups (where vLLM
+    ignores it: ``kv_cache_coordinator._validate_prefix_cache_retention_interval``).  Sparse retention
+    of sliding-window groups (0, or an interval) caches only some of their blocks: not modelled yet,
+    so refused with the engine argument that turns it off."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None or not any(g.kind == "sliding_window" for g in groups):
+        return
+    raise Unsupported(
+        f"prefix_cache_retention_interval={interval} (sparse retention of sliding-window blocks, the default "
+        "of vLLM's engine since 0.32) is not modelled by kvspec; start the engine with "
+        "prefix_cache_retention_interval=None (dense retention) to check it"
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -140,7 +170,15 @@ class RecordSink:
             return
         if len(self.steps) >= self.limit:
             self.full = True
-            log.warning("kvspec: trace %s is full (%d operations); recording stops", self.path, len(self.steps))
+            log.warning(
+                "kvspec: trace %s is full (%d operations on %d blocks: a trace holds at most %d operations and "
+                "%d block-steps); recording stops, serving goes on",
+                self.path,
+                len(self.steps),
+                int(self.config.num_blocks),
+                MAX_STEPS,
+                MAX_BLOCK_STEPS,
+            )
             self.write()
             return
         self.steps.append((op, outcome))
@@ -173,7 +211,9 @@ class ShadowSink(LockstepSink):
     """``LockstepSink`` that writes a report at the first finding, then raises or (``log``) stops."""
 
     def __init__(self, config: KVCacheConfig, manager: Any, out: str, mode: str) -> None:
-        super().__init__(config, manager)
+        from kvspec.harness.targets.vllm_release import ASSUME_ENV
+
+        super().__init__(config, manager, assume_release=os.environ.get(ASSUME_ENV) or None)
         self.config, self.out, self.mode = config, out, mode
         self.report: Path | None = None
 
@@ -245,12 +285,43 @@ def attach(scheduler: Any) -> Any:
         except OSError as e:
             log.warning("kvspec: not recording this scheduler: cannot write %s: %s", sink.path, e)
             return None
-        atexit.register(sink.write)
+        close = sink.write
     else:
         out = os.environ.get(ENV_SHADOW_OUT) or "kvspec-shadow-reports"
-        sink = ShadowSink(config, scheduler.kv_cache_manager, out, "log" if shadow.lower() == "log" else "raise")
-        atexit.register(sink.finish)
-    return install(scheduler, sink)
+        try:
+            sink = ShadowSink(config, scheduler.kv_cache_manager, out, "log" if shadow.lower() == "log" else "raise")
+        except Unsupported as e:
+            log.warning("kvspec: not shadowing this scheduler: %s", e)
+            return None
+        close = sink.finish
+    # Written (or finally checked) at the scheduler's shutdown, which the engine core runs on
+    # SIGTERM in multi-process mode where at-exit handlers never run; and at exit otherwise.
+    scheduler._kvspec_close = _once(close)
+    atexit.register(scheduler._kvspec_close)
+    return install(scheduler, sink, tolerant=True)
+
+
+def _once(fn: Any) -> Any:
+    """``fn`` run at most once, its failure logged (it runs while an engine shuts down)."""
+    done = threading.Event()
+
+    def run() -> None:
+        if done.is_set():
+            return
+        done.set()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - never break the engine's shutdown
+            log.warning("kvspec: %s at shutdown failed: %s: %s", getattr(fn, "__name__", fn), type(e).__name__, e)
+
+    return run
+
+
+def close_at_shutdown(scheduler: Any) -> None:
+    """The scheduler's trace written (or its shadow's last check run) now, once."""
+    close = getattr(scheduler, "_kvspec_close", None)
+    if close is not None:
+        close()
 
 
 def register() -> None:
@@ -271,6 +342,14 @@ def register() -> None:
     __init__._kvspec_patched = True  # type: ignore[attr-defined]
     __init__._kvspec_orig = orig  # type: ignore[attr-defined]
     Scheduler.__init__ = __init__  # type: ignore[method-assign]
+    orig_shutdown = Scheduler.shutdown
+
+    def shutdown(self: Any) -> None:
+        close_at_shutdown(self)
+        orig_shutdown(self)
+
+    shutdown._kvspec_orig = orig_shutdown  # type: ignore[attr-defined]
+    Scheduler.shutdown = shutdown  # type: ignore[method-assign]
 
 
 def unregister() -> None:
@@ -280,3 +359,6 @@ def unregister() -> None:
     orig = getattr(Scheduler.__init__, "_kvspec_orig", None)
     if orig is not None:
         Scheduler.__init__ = orig  # type: ignore[method-assign]
+    orig_shutdown = getattr(Scheduler.shutdown, "_kvspec_orig", None)
+    if orig_shutdown is not None:
+        Scheduler.shutdown = orig_shutdown  # type: ignore[method-assign]

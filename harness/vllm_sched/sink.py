@@ -27,8 +27,14 @@ class PassiveVllmTarget(VllmTarget):
 
     name = "vllm"
 
-    def __init__(self, manager: Any) -> None:
-        super().__init__()
+    def __init__(self, manager: Any, assume_release: str | None = None) -> None:
+        import logging
+
+        # Inside a user's engine: the adapter's probe must not change the engine's own log level.
+        vllm_log = logging.getLogger("vllm")
+        level = vllm_log.level
+        super().__init__(assume_release=assume_release)
+        vllm_log.setLevel(level)
         self._real = manager
         self._outcome: Any = None
         self._error: BaseException | None = None
@@ -47,7 +53,11 @@ class PassiveVllmTarget(VllmTarget):
         self._hash_block_size = int(config.hash_block_size)
         # rid -> (hashes kept, the list's length, its last hash, the hashes kept)
         self._memo: dict[str, tuple[int, int, Any, tuple[bytes, ...]]] = {}
-        self._none_hash = kv_cache_utils.NONE_HASH
+        # Read, never written: a real engine may build its scheduler before init_none_hash runs.
+        self._none_hash = getattr(kv_cache_utils, "NONE_HASH", b"")
+
+    def _ensure_none_hash(self) -> None:
+        """Never: the engine's own ``NONE_HASH`` is the one in force (read only)."""
 
     def _result(self) -> Any:
         if self._error is not None:
@@ -112,8 +122,14 @@ at every engine step's end)."""
 class LockstepSink:
     """Mirrors every operation into a ``Lockstep`` (spec beside the passive real manager)."""
 
-    def __init__(self, config: KVCacheConfig, manager: Any, checks: CheckSettings = DEFAULT_CHECKS) -> None:
-        self.target = PassiveVllmTarget(manager)
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        manager: Any,
+        checks: CheckSettings = DEFAULT_CHECKS,
+        assume_release: str | None = None,
+    ) -> None:
+        self.target = PassiveVllmTarget(manager, assume_release)
         # Glimpses after each operation, the whole state at each engine step's end (``end_of_step``).
         checks = replace(checks, step_timeout=None, full_check_every=FULL_CHECK_EVERY)
         self.lockstep = Lockstep(config, self.target, checks)

@@ -17,7 +17,7 @@ from user_repo import redis_recipe
 REDIS = shutil.which("redis-server")
 pytestmark = [
     pytest.mark.skipif(
-        REDIS is None, reason="redis-server is not installed (docs/ci.md; ci/test installs it with apt-get)"
+        REDIS is None, reason="redis-server is not installed (docs/ci.md; bash ci/test --with-redis installs it)"
     ),
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
 ]
