@@ -151,12 +151,13 @@ def add_parser(sub: Any) -> None:
 # --- the catalogue ---------------------------------------------------------------------------------
 
 
-def builtin_entries(with_vllm: bool) -> list[Entry]:
+def builtin_entries(with_vllm: bool, with_engine: bool | None = None) -> list[Entry]:
     """One row per built-in mutant and mode (``harness.mutants.registry.all_mutants``); the runtime
-    vLLM ones only ``with_vllm``."""
+    vLLM ones only ``with_vllm``, the engine-path ones also only ``with_engine`` (None: when there is
+    an engine venv, ``ci/setup --engine``)."""
     from kvspec.harness.mutants.registry import all_mutants
 
-    engines = with_vllm and _engine_venv()
+    engines = with_vllm and (_engine_venv() if with_engine is None else with_engine)
     return [
         _entry(m, mode)
         for m in all_mutants()

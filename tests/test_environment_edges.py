@@ -30,6 +30,7 @@ EDGES = {
     "harness/vllm_sched/record.py",  # KVSPEC_RECORD / KVSPEC_SHADOW in a user's vLLM process (its plugin)
     "harness/engine/driver.py",  # KVSPEC_ENGINE_VENV: where the engine venv is, and the worker's environment
     "harness/engine/worker.py",  # the engine worker's process entry point (vLLM's in-process switches)
+    "harness/engine/plugin_run.py",  # a plain engine's process entry point (--in-process)
 }
 READERS = {"environ", "getenv", "environb", "getenvb", "putenv", "unsetenv"}
 

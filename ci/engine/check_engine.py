@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+assert os.environ.get("VLLM_TARGET_DEVICE") == "cpu", "the engine venv says CPU for its processes (ci/setup)"
 import vllm  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 

@@ -40,6 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kvspec.harness.engine.drive import drive
 from kvspec.harness.engine.models import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_KINDS, SLIDING_WINDOW, TINY, write_model
 from kvspec.harness.engine.outputs import Counts, EngineFinding, check_outputs
 from kvspec.harness.engine.workload import EngineWorkload
@@ -48,7 +49,6 @@ KV_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
 """Largest |cache - dense| allowed per K/V element (measured here: at most 2.4e-6 in float32)."""
 POOL_BLOCKS = 16
 """Blocks per KV-cache group in each engine's pool: small, so that the workloads preempt."""
-MAX_ENGINE_STEPS = 4000
 
 
 def pool_bytes(dtype: str) -> int:
@@ -218,60 +218,14 @@ class EngineUnderCheck:
     # --- a workload ------------------------------------------------------------------------------
 
     def run(self, workload: EngineWorkload) -> dict[int, Any]:
-        """The workload on this engine: request index -> its completions' token ids and prompt logprobs."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        engine: Any = self.llm.llm_engine
-        pending = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].arrive_step)
-        ids = {i: f"w{workload.seed % 100000}-{i}" for i in range(len(workload.requests))}
-        index = {v: k for k, v in ids.items()}
-        results: dict[int, Any] = {}
-        step = 0
-        while pending or engine.has_unfinished_requests():
-            while pending and workload.requests[pending[0]].arrive_step <= step:
-                i = pending.pop(0)
-                r = workload.requests[i]
-                params = SamplingParams(
-                    max_tokens=r.max_tokens,
-                    n=r.n,
-                    temperature=0.0 if r.n == 1 else 1.0,
-                    seed=None if r.n == 1 else workload.seed % (1 << 31),
-                    ignore_eos=True,
-                    detokenize=False,
-                    prompt_logprobs=1 if r.prompt_logprobs else None,
-                )
-                engine.add_request(ids[i], TokensPrompt(prompt_token_ids=list(r.prompt)), params)
-                self.counts.add(requests=1)
-            for i, r in enumerate(workload.requests):
-                if r.abort_step == step and i not in results and i not in pending:
-                    engine.abort_request([ids[i]])
-                    results[i] = None
-                    self.counts.add(aborts=1)
-            for out in engine.step():
-                if out.finished and out.request_id in index:
-                    results[index[out.request_id]] = {
-                        "outputs": [list(c.token_ids) for c in out.outputs],
-                        "prompt_logprobs": _prompt_logprobs(out, workload.requests[index[out.request_id]].prompt),
-                    }
-            step += 1
-            if step > MAX_ENGINE_STEPS:
-                raise EngineFinding("engine-raised", f"the workload did not finish in {MAX_ENGINE_STEPS} engine steps")
-        return results
+        """The workload on this engine, every check on (``drive.drive``)."""
+        return drive(self.llm.llm_engine, workload, self.counts)
 
 
 def _poisoned(values: Any) -> bool:
     from kvspec.harness.engine.kv_oracle import POISON
 
     return bool((values == POISON).any())
-
-
-def _prompt_logprobs(out: Any, prompt: tuple[int, ...]) -> list[float] | None:
-    """The logprob the engine gave each prompt token (from position 1), or None when not asked."""
-    rows = out.prompt_logprobs
-    if rows is None:
-        return None
-    return [float(rows[i][prompt[i]].logprob) for i in range(1, len(prompt))]
 
 
 # --- the process -------------------------------------------------------------------------------------

@@ -205,6 +205,8 @@ class RecordSink:
         text = json.dumps(head).replace(json.dumps(_STEPS), "[\n" + ",\n".join(self._lines) + "\n]", 1)
         _write_atomic(self.path, text + "\n")
         self.written = len(self.steps)
+        if self.full or not self.every or self.written % self.every:
+            log.info("kvspec: trace %s written (%d operations)", self.path, self.written)
 
 
 class ShadowSink(LockstepSink):
@@ -234,6 +236,8 @@ class ShadowSink(LockstepSink):
         is written and logged, never raised while the process exits."""
         if self.report is None:
             self._guard(super().finish, at_exit=True)
+        if self.report is None:
+            log.warning("kvspec shadow: %d operations checked against the spec, no finding", len(self.steps))
 
     def _guard(self, fn: Any, *args: Any, at_exit: bool = False) -> None:
         try:
@@ -286,6 +290,7 @@ def attach(scheduler: Any) -> Any:
             log.warning("kvspec: not recording this scheduler: cannot write %s: %s", sink.path, e)
             return None
         close = sink.write
+        log.warning("kvspec: recording this scheduler's manager calls to %s (%s)", sink.path, _described(config))
     else:
         out = os.environ.get(ENV_SHADOW_OUT) or "kvspec-shadow-reports"
         try:
@@ -294,11 +299,17 @@ def attach(scheduler: Any) -> Any:
             log.warning("kvspec: not shadowing this scheduler: %s", e)
             return None
         close = sink.finish
+        log.warning("kvspec shadow: the spec checks this scheduler's manager (%s)", _described(config))
     # Written (or finally checked) at the scheduler's shutdown, which the engine core runs on
     # SIGTERM in multi-process mode where at-exit handlers never run; and at exit otherwise.
     scheduler._kvspec_close = _once(close)
     atexit.register(scheduler._kvspec_close)
     return install(scheduler, sink, tolerant=True)
+
+
+def _described(config: KVCacheConfig) -> str:
+    groups = ", ".join(f"{g.kind}(bs={g.block_size})" for g in config.groups)
+    return f"{config.num_blocks} blocks, {groups}, profile {config.profile.name}"
 
 
 def _once(fn: Any) -> Any:
@@ -350,6 +361,19 @@ def register() -> None:
 
     shutdown._kvspec_orig = orig_shutdown  # type: ignore[attr-defined]
     Scheduler.shutdown = shutdown  # type: ignore[method-assign]
+    # The engine core tears its workers down before it shuts the scheduler down (and may be killed
+    # while it waits for them): write first.
+    from vllm.v1.engine.core import EngineCore
+
+    orig_core_shutdown: Any = EngineCore.shutdown
+
+    def core_shutdown(self: Any) -> None:
+        if getattr(self, "scheduler", None) is not None:
+            close_at_shutdown(self.scheduler)
+        orig_core_shutdown(self)
+
+    core_shutdown._kvspec_orig = orig_core_shutdown  # type: ignore[attr-defined]
+    EngineCore.shutdown = core_shutdown  # type: ignore[method-assign]
 
 
 def unregister() -> None:
@@ -362,3 +386,8 @@ def unregister() -> None:
     orig_shutdown = getattr(Scheduler.shutdown, "_kvspec_orig", None)
     if orig_shutdown is not None:
         Scheduler.shutdown = orig_shutdown  # type: ignore[method-assign]
+    from vllm.v1.engine.core import EngineCore
+
+    orig_core_shutdown = getattr(EngineCore.shutdown, "_kvspec_orig", None)
+    if orig_core_shutdown is not None:
+        EngineCore.shutdown = orig_core_shutdown  # type: ignore[method-assign]

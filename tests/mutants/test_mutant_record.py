@@ -11,7 +11,8 @@ import pytest
 from kvspec.harness.campaign import builtin_entries
 from kvspec.harness.core.equality import RELATIONS
 from kvspec.harness.drivers.lockstep import LockstepDriver
-from kvspec.harness.mutants import impl, invariants, spec, vllm, vllm_scheduler
+from kvspec.harness.engine.workload import ENGINE_FAMILIES
+from kvspec.harness.mutants import impl, invariants, spec, vllm, vllm_engine, vllm_scheduler
 from kvspec.harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
 from kvspec.harness.mutants.registry import all_mutants, find_mutant
 from kvspec.harness.run.catalogue import resolve
@@ -27,6 +28,7 @@ CATALOGUES = {
     "impl": (impl.MUTANTS, "impl"),
     "vllm": (vllm.MUTANTS, "vllm"),
     "vllm_scheduler": (vllm_scheduler.MUTANTS, "vllm-scheduler"),
+    "vllm_engine": (vllm_engine.MUTANTS, "vllm-engine"),
 }
 
 
@@ -51,7 +53,8 @@ def test_all_mutants_is_every_catalogue_once_with_unique_names() -> None:
 
 def test_families_exist() -> None:
     for m in all_mutants():
-        known = SCHED_FAMILIES if m.target == "vllm-scheduler" else FAMILIES  # the scheduler's driver families
+        # the scheduler's and the engine's driver families
+        known = {"vllm-scheduler": SCHED_FAMILIES, "vllm-engine": ENGINE_FAMILIES}.get(m.target, FAMILIES)
         assert m.family in known, f"{m.name}: unknown family {m.family!r}"
 
 
@@ -79,17 +82,20 @@ def test_patches_name_an_attribute_of_their_owner() -> None:
     for m in all_mutants():
         if m.target in ("vllm", "vllm-scheduler") and not has_vllm:
             continue
+        if m.target == "vllm-engine":  # vLLM's CPU build, in the engine venv: tests/engine/test_engine_run.py
+            continue
         owner = m.patch.resolve()
         assert m.patch.attr in vars(owner), f"{m.name}: {m.patch.owner} has no {m.patch.attr}"
 
 
 def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
-    rows = [(e.name, e.origin, e.mode, e.target, e.families) for e in builtin_entries(with_vllm=True)]
-    origin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "vllm-scheduler": "scheduler"}
+    rows = [(e.name, e.origin, e.mode, e.target, e.families) for e in builtin_entries(True, with_engine=True)]
+    origin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "vllm-scheduler": "scheduler", "vllm-engine": "engine"}
     want = [
         (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,)) for m in all_mutants() for mode in m.modes
     ]
-    assert rows == want and len(rows) == 51
+    assert rows == want and len(rows) == 54
+    assert len(builtin_entries(True, with_engine=False)) == 51  # the engine's 3 need an engine venv
     assert len(builtin_entries(with_vllm=False)) == 36  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
 
 
