@@ -269,6 +269,27 @@ def _request_keys(draw: st.DrawFn) -> KVCacheConfig:
     return draw(st.one_of(_sliding(), _hybrid_equal()))
 
 
+@family("engine_defaults")
+@st.composite
+def _engine_defaults(draw: st.DrawFn) -> KVCacheConfig:
+    """What vLLM's engine builds for a full, sliding-window or hybrid model (``harness/engine``: a
+    Llama, a Mistral, a Gemma 2), dense retention: one block size for every group, a hybrid's
+    sliding-window group first (its first layer's), caching on, and a synchronous scheduler's budget
+    (``max_num_batched_tokens``) as ``max_in_flight_tokens``, which the other families leave ``None``."""
+    bs = draw(st.sampled_from([1, 2, 4]))
+    window = draw(near_multiples(bs, 1, 3 * bs + 1))
+    groups = draw(
+        st.sampled_from(
+            [(full_attention(bs),), (sliding_window(bs, window),), (sliding_window(bs, window), full_attention(bs))]
+        )
+    )
+    num_blocks, seq_blocks = draw(_pool(8))
+    num_blocks = 1 + (num_blocks - 1) * len(groups)
+    mml = max(2, draw(near_multiples(bs, 2, seq_blocks * bs)))
+    budget = draw(near_multiples(bs, 1, max(mml, 4 * bs + 1)))
+    return KVCacheConfig(BlockCount(num_blocks), groups, TokenCount(mml), max_in_flight_tokens=TokenCount(budget))
+
+
 FAMILIES = tuple(REGISTRY)  # the built-in families
 
 
