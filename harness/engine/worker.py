@@ -18,7 +18,10 @@ worker's life.
 
 Checks after every engine step (``EngineUnderCheck.after_step``):
 - **shadow**: the spec in lockstep behind the engine's manager (``harness.vllm_sched.sink``): each
-  manager call as it happens, the whole state at the step's end (exact relation, invariants, ledger);
+  manager call as it happens, the whole state at the step's end (exact relation, invariants, ledger),
+  with the world's facts from the engine itself (``EngineUnderCheck._world``: requests sent and
+  aborted, tokens the model runner sampled, requests reported finished) in the ledger and
+  conservation (``harness.vllm_sched.world_checks``);
 - **tables**: each running request's block table in the model runner equals its manager table over
   the blocks it attends to (a sliding-window group's older entries are stale in the runner by design);
 - **KV tensors**: K and V at every position a running request attends to, read from the paged cache
@@ -98,6 +101,7 @@ class EngineUnderCheck:
         self.manager = self.proxy._real
         self.groups = self._groups()
         self.steps = 0
+        self.world = self._world(core)
         step_fn = core.step_fn
 
         def step_and_check() -> Any:
@@ -106,6 +110,37 @@ class EngineUnderCheck:
             return out
 
         core.step_fn = step_and_check
+
+    def _world(self, core: Any) -> Any:
+        """The world's facts from the engine itself (``harness.vllm_sched.world_checks``): which
+        requests it was sent and which were aborted (the engine core's own calls), what the model
+        runner sampled (its output, before the scheduler appends it) and what the engine reports
+        finished; the ledger checks every appended token against the samples, and conservation runs
+        at each step's end."""
+        from kvspec.harness.vllm_sched.world_checks import WorldChecks
+
+        world = WorldChecks(self.sink)
+        add, abort, update = core.add_request, core.abort_requests, self.scheduler.update_from_output
+
+        def add_request(request: Any, *args: Any, **kwargs: Any) -> Any:
+            world.arrived(request.request_id)
+            return add(request, *args, **kwargs)
+
+        def abort_requests(request_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            for rid in request_ids:
+                world.aborted(rid)
+            return abort(request_ids, *args, **kwargs)
+
+        def update_from_output(scheduler_output: Any, runner_output: Any) -> Any:
+            samples = getattr(runner_output, "sampled_token_ids", None) or []
+            world.sampled({rid: tuple(t) for rid, t in zip(runner_output.req_ids, samples, strict=False) if len(t)})
+            out = update(scheduler_output, runner_output)
+            world.engine_outputs(out)
+            return out
+
+        core.add_request, core.abort_requests = add_request, abort_requests
+        self.scheduler.update_from_output = update_from_output
+        return world
 
     def _groups(self) -> list[tuple[str, list[tuple[int, Any, Any]]]]:
         """Per KV group: its kind and its layers as (layer index, cache tensor, learned layout)."""
@@ -129,7 +164,7 @@ class EngineUnderCheck:
 
     def after_step(self) -> None:
         self.steps += 1
-        self.sink.finish()  # the whole state compared at the step's end (raises FindingError)
+        self.world.end_of_step()  # the whole state compared, then conservation (raises FindingError)
         self.counts.add(engine_steps=1)
         batch = self.runner.input_batch
         for request in list(self.scheduler.running):

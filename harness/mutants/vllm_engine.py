@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvspec.harness.mutants.record import Mutant, Patch, by_name
+from kvspec.harness.mutants.vllm_scheduler import last_token_changed
 
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
@@ -76,6 +77,15 @@ MUTANTS: dict[str, Mutant] = by_name(
             "_make_cached_request_data",
             _resumed_newest_only,
             "engine-table",
+        ),
+        _engine_mutant(
+            "engine_sampled_token_misread",
+            "block_boundaries",
+            "the scheduler appends a last token the model runner did not sample (vllm_scheduler's slip, in an engine)",
+            SCHEDULER,
+            "update_from_output",
+            last_token_changed,
+            "kv-ledger",
         ),
         _engine_mutant(
             "engine_slot_skipped",

@@ -89,7 +89,7 @@ def _hit_off_by_one(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _get_local_prefix_cache_hit
 
 
-def _last_token_changed(orig: Callable[..., Any]) -> Callable[..., Any]:
+def last_token_changed(orig: Callable[..., Any]) -> Callable[..., Any]:
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
         out = model_runner_output
         for rid, tokens in zip(out.req_ids, out.sampled_token_ids, strict=False):
@@ -193,7 +193,7 @@ MUTANTS: dict[str, Mutant] = by_name(
             "full",
             "a request ending on max_tokens gets a last token the model runner did not sample",
             "update_from_output",
-            _last_token_changed,
+            last_token_changed,
             "world-facts",
         ),
         _scheduler_mutant(

@@ -94,8 +94,8 @@ def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
     want = [
         (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,)) for m in all_mutants() for mode in m.modes
     ]
-    assert rows == want and len(rows) == 54
-    assert len(builtin_entries(True, with_engine=False)) == 51  # the engine's 3 need an engine venv
+    assert rows == want and len(rows) == 55
+    assert len(builtin_entries(True, with_engine=False)) == 51  # the engine's 4 need an engine venv
     assert len(builtin_entries(with_vllm=False)) == 36  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
 
 
