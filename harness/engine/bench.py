@@ -22,27 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvspec.harness.engine.drive import drive
-from kvspec.harness.engine.models import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_KINDS, write_model
+from kvspec.harness.engine.drive import drive, make_llm
+from kvspec.harness.engine.models import MODEL_KINDS, write_model
 from kvspec.harness.engine.outputs import Counts
 from kvspec.harness.engine.workload import draw_workload
 
 
 def _plain(folder: Path, pool_bytes: int) -> Any:
-    import vllm
-
-    return vllm.LLM(
-        model=str(folder),
-        skip_tokenizer_init=True,
-        enable_prefix_caching=True,
-        block_size=BLOCK_SIZE,
-        enforce_eager=True,
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_memory_bytes=pool_bytes,
-        prefix_cache_retention_interval=None,
-        seed=0,
-    )
+    return make_llm(folder, pool_bytes)
 
 
 def _shadowed(folder: Path, pool_bytes: int, full_check_each_step: bool) -> Any:

@@ -5,12 +5,38 @@ engine, for the record/shadow plugin)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from kvspec.harness.engine.models import BLOCK_SIZE, MAX_MODEL_LEN
 from kvspec.harness.engine.outputs import Counts, EngineFinding
 from kvspec.harness.engine.workload import EngineWorkload
 
 MAX_ENGINE_STEPS = 4000
+
+
+def make_llm(
+    folder: Path, pool_bytes: int, caching: bool = True, dtype: str = "float32", engine_defaults: bool = False
+) -> Any:
+    """An ``LLM`` on the tiny model in ``folder`` as every engine here is built: token prompts only,
+    blocks of ``BLOCK_SIZE``, eager, ``pool_bytes`` of KV cache, and dense retention of
+    sliding-window blocks (what kvspec models) unless ``engine_defaults``."""
+    import vllm
+
+    retention: dict[str, Any] = {} if engine_defaults else {"prefix_cache_retention_interval": None}
+    llm: Any = vllm.LLM
+    return llm(
+        model=str(folder),
+        skip_tokenizer_init=True,
+        enable_prefix_caching=caching,
+        block_size=BLOCK_SIZE,
+        enforce_eager=True,
+        dtype=dtype,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_memory_bytes=pool_bytes,
+        seed=0,
+        **retention,
+    )
 
 
 def drive(engine: Any, workload: EngineWorkload, counts: Counts) -> dict[int, Any]:

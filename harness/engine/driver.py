@@ -156,6 +156,9 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode == 0:  # a clean exit: its log holds nothing worth keeping
+            with contextlib.suppress(OSError):
+                os.unlink(self.log.name)
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -254,9 +257,14 @@ class EngineDriver:
             trace = trace_from_json(shadow, "the engine worker's shadow trace")
             finding = Finding(**trace.finding) if trace.finding else Finding("divergence", None, found["message"])
             return replace(trace, seed=workload.seed, family=workload.family, extra=extra), finding
-        finding = Finding(
-            FINDING_KINDS.get(found["check"], found["check"]), None, found["message"], witness=found.get("witness", {})
-        )
+        witness = dict(found.get("witness", {}))
+        if found["check"] == "shadow":  # its manager calls too many for a trace: the workload is the trace
+            finding = Finding(**{**witness.pop("finding"), "step": None})
+            finding.witness = {**finding.witness, **witness}
+        else:
+            finding = Finding(
+                FINDING_KINDS.get(found["check"], found["check"]), None, found["message"], witness=witness
+            )
         config = trace_from_json(found["config_trace"], "the engine worker's config").config
         trace = Trace(
             config=config,

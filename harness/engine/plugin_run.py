@@ -18,10 +18,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from kvspec.harness.engine.drive import drive
-from kvspec.harness.engine.models import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_KINDS, write_model
+from kvspec.harness.engine.drive import drive, make_llm
+from kvspec.harness.engine.models import MODEL_KINDS, write_model
 from kvspec.harness.engine.outputs import Counts
 from kvspec.harness.engine.workload import ENGINE_FAMILIES, draw_workload
 
@@ -38,22 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import vllm
-
     folder = write_model(args.kind, Path(args.models))
-    extra: dict[str, Any] = {} if args.engine_defaults else {"prefix_cache_retention_interval": None}
-    llm: Any = vllm.LLM(
-        model=str(folder),
-        skip_tokenizer_init=True,
-        enable_prefix_caching=True,
-        block_size=BLOCK_SIZE,
-        enforce_eager=True,
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_memory_bytes=args.pool_bytes,
-        seed=0,
-        **extra,
-    )
+    llm = make_llm(folder, args.pool_bytes, engine_defaults=args.engine_defaults)
     counts = Counts()
     results = drive(llm.llm_engine, draw_workload(args.family, args.seed), counts)
     llm.llm_engine.engine_core.shutdown()

@@ -43,8 +43,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kvspec.harness.engine.drive import drive
-from kvspec.harness.engine.models import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_KINDS, SLIDING_WINDOW, TINY, write_model
+from kvspec.harness.engine.drive import drive, make_llm
+from kvspec.harness.engine.models import BLOCK_SIZE, MODEL_KINDS, SLIDING_WINDOW, TINY, write_model
 from kvspec.harness.engine.outputs import Counts, EngineFinding, check_outputs
 from kvspec.harness.engine.workload import EngineWorkload
 
@@ -72,26 +72,12 @@ class EngineUnderCheck:
     """One ``LLM`` on model ``kind`` (prefix cache ``caching``), with the checks hooked in."""
 
     def __init__(self, kind: str, caching: bool, folder: Path, dense: Any, dtype: str, counts: Counts) -> None:
-        import vllm
-
-        LLM: Any = vllm.LLM
         from kvspec.harness.vllm_sched.proxy import install
         from kvspec.harness.vllm_sched.record import spec_config_of
         from kvspec.harness.vllm_sched.sink import LockstepSink
 
         self.kind, self.caching, self.dense, self.dtype, self.counts = kind, caching, dense, dtype, counts
-        self.llm = LLM(
-            model=str(folder),
-            skip_tokenizer_init=True,
-            enable_prefix_caching=caching,
-            block_size=BLOCK_SIZE,
-            enforce_eager=True,
-            dtype=dtype,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_memory_bytes=pool_bytes(dtype),
-            prefix_cache_retention_interval=None,  # dense retention: what kvspec models (record.spec_config_of)
-            seed=0,
-        )
+        self.llm = make_llm(folder, pool_bytes(dtype), caching, dtype)
         core: Any = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler
         self.runner = core.model_executor.driver_worker.worker.model_runner
@@ -296,7 +282,6 @@ class Worker:
 
     def run(self, workload: EngineWorkload, kinds: list[str]) -> dict[str, Any]:
         from kvspec.harness.check.finding import FindingError
-        from kvspec.harness.traces.trace import Trace, trace_to_json
 
         for kind in kinds:
             results: dict[bool, dict[int, Any]] = {}
@@ -306,19 +291,10 @@ class Worker:
                     results[caching] = e.run(workload)
                 except FindingError as err:
                     self.retire((kind, caching))
-                    ls = e.sink.lockstep
-                    trace = Trace(
-                        config=e.config,
-                        steps=list(ls.steps),
-                        target_name="vllm",
-                        target_version=_version(),
-                        finding=err.finding.to_json(),
-                    )
+                    trace = _shadow_trace(e, err.finding.to_json())
                     return self._found(
                         e,
-                        EngineFinding(
-                            "shadow", err.finding.summary(), {"finding": err.finding.to_json()}, trace_to_json(trace)
-                        ),
+                        EngineFinding("shadow", err.finding.summary(), {"finding": err.finding.to_json()}, trace),
                     )
                 except EngineFinding as f:
                     self.retire((kind, caching))
@@ -339,12 +315,36 @@ class Worker:
         return {"counts": dict(self.counts.c), "finding": None}
 
     def _found(self, e: EngineUnderCheck, f: EngineFinding, both: bool = False) -> dict[str, Any]:
-        """The answer for finding ``f`` on engine ``e`` (``both``: on the two engines' outputs together)."""
+        """The answer for finding ``f`` on engine ``e`` (``both``: on the two engines' outputs together):
+        the engine's config, and its last manager calls as the shadow saw them (for the report)."""
+        from kvspec.harness.core.ops_json import op_to_json
         from kvspec.harness.traces.trace import Trace, trace_to_json
 
         config = trace_to_json(Trace(config=e.config, steps=[], target_name="vllm-engine", target_version=_version()))
+        steps = e.sink.lockstep.steps
+        last = [{**op_to_json(op), "outcome": out} for op, out in steps[-LAST_CALLS:]]
         where = {"kind": e.kind, "caching": None if both else e.caching, "config_trace": config}
-        return {"counts": dict(self.counts.c), "finding": {**f.to_json(), **where}}
+        witness = {**f.witness, "manager_calls": len(steps), f"last_{len(last)}_manager_calls": last}
+        return {"counts": dict(self.counts.c), "finding": {**f.to_json(), "witness": witness, **where}}
+
+
+LAST_CALLS = 12
+"""Manager calls before a finding kept in its witness."""
+
+
+def _shadow_trace(e: EngineUnderCheck, finding: dict[str, Any]) -> dict[str, Any] | None:
+    """The shadow's trace of engine ``e`` up to ``finding`` (every manager call since the engine was
+    built: it replays from an empty pool on the spec and the real manager), or None when it is longer
+    than a trace may be (``MAX_STEPS`` operations, ``MAX_BLOCK_STEPS`` block-steps): the report then
+    keeps the workload, which ``kvspec replay --target vllm-engine`` re-runs on fresh engines."""
+    from kvspec.harness.traces.trace import MAX_BLOCK_STEPS, MAX_STEPS, Trace, trace_to_json
+
+    steps = e.sink.lockstep.steps
+    if len(steps) > MAX_STEPS or len(steps) * int(e.config.num_blocks) > MAX_BLOCK_STEPS:
+        return None
+    return trace_to_json(
+        Trace(config=e.config, steps=list(steps), target_name="vllm", target_version=_version(), finding=finding)
+    )
 
 
 def _version() -> str:

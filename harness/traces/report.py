@@ -9,6 +9,7 @@ request of the failing step, its token layout in the style of vLLM's ``allocate_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -108,11 +109,38 @@ def render_report(trace: Trace) -> str:
     lines.append("```")
     if step is not None and 0 <= step < len(trace.steps):
         lines += _failing_step_section(trace, step, f)
+    if trace.extra.get("driver") == "vllm-engine":
+        lines += _engine_section(trace, f)
     if f.get("kv_markdown"):
         lines += ["", f["kv_markdown"].rstrip()]
     if f.get("traceback"):
         lines += ["", "## Traceback", "", "```", f["traceback"].rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _engine_section(trace: Trace, f: dict[str, Any]) -> list[str]:
+    """A real engine's finding (``harness.engine``): where, the workload, the engine's last manager calls."""
+    x = trace.extra
+    cache = {True: "on", False: "off", None: "on and off compared"}.get(x.get("prefix_caching"), "?")
+    lines = [
+        "",
+        "## In the engine",
+        "",
+        f"- model: `{x.get('model_kind')}`, prefix cache {cache}, check: {x.get('check')}",
+    ]
+    for r in (x.get("workload") or {}).get("requests", []):
+        more = "".join(
+            f", {k} {r[k]}"
+            for k in ("arrive_step", "abort_step", "n")
+            if r.get(k) not in (None, 0, 1) or k == "arrive_step"
+        )
+        lines.append(f"- request: prompt of {len(r.get('prompt', ()))} tokens, {r.get('max_tokens')} to generate{more}")
+    w = f.get("witness") or {}
+    last = next((v for k, v in w.items() if k.startswith("last_") and isinstance(v, list)), None)
+    if last:
+        lines += ["", f"### The engine's last {len(last)} manager calls (of {w.get('manager_calls', '?')})", "", "```"]
+        lines += [json.dumps(c, separators=(",", ":"))[:300] for c in last] + ["```"]
+    return lines
 
 
 def _replay_command(trace: Trace) -> str:
@@ -146,7 +174,14 @@ def _one_sentence(trace: Trace) -> str:
         "target-memory": "The target ran out of its memory bound",
         "kv-ledger": "The KV ledger found a wrong read or write",
         "kv-mismatch": "The KV oracle computed wrong numbers",
+        "engine-table": "The model runner was given a block table that is not the manager's",
+        "engine-output": "The engine's output is not the reference model's",
+        "engine-logprobs": "The engine's prompt logprobs are not the reference model's",
     }.get(f.get("kind", ""), "A finding")
+    if trace.extra.get("driver") == "vllm-engine" and f.get("step") is None:
+        if f.get("kind") == "kv-mismatch":
+            what = "The engine's paged KV cache holds numbers the reference model does not"
+        where = f"the {trace.extra.get('model_kind')} model"
     return f"{what} at {where}{op}: {f.get('message', '')}"
 
 
