@@ -31,6 +31,7 @@ EDGES = {
     "harness/engine/driver.py",  # KVSPEC_ENGINE_VENV: where the engine venv is, and the worker's environment
     "harness/engine/worker.py",  # the engine worker's process entry point (vLLM's in-process switches)
     "harness/engine/plugin_run.py",  # a plain engine's process entry point (--in-process)
+    "harness/engine/bench.py",  # the engine benchmark's process entry point (in-process engines)
 }
 READERS = {"environ", "getenv", "environb", "getenvb", "putenv", "unsetenv"}
 

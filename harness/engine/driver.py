@@ -254,9 +254,14 @@ class EngineDriver:
         }
         shadow = found.get("trace")
         if found["check"] == "shadow" and shadow is not None:
+            from kvspec.harness.vllm_sched.fuzz import needs_world
+
             trace = trace_from_json(shadow, "the engine worker's shadow trace")
             finding = Finding(**trace.finding) if trace.finding else Finding("divergence", None, found["message"])
-            return replace(trace, seed=workload.seed, family=workload.family, extra=extra), finding
+            # A finding of the world's facts (the runner's samples, conservation) is not in the manager
+            # calls alone: its replay re-runs the workload on the engine.
+            target = TARGET_NAME if needs_world(finding) else trace.target_name
+            return replace(trace, seed=workload.seed, family=workload.family, extra=extra, target_name=target), finding
         witness = dict(found.get("witness", {}))
         if found["check"] == "shadow":  # its manager calls too many for a trace: the workload is the trace
             finding = Finding(**{**witness.pop("finding"), "step": None})

@@ -8,18 +8,22 @@ there (``pyproject.toml``).  With one of these environment variables set, ``regi
 
 - ``KVSPEC_RECORD=/path/trace.json``: recording only (no spec in the loop).  Every operation and the
   outcome the real manager produced go to a kvspec trace, written atomically every
-  ``KVSPEC_RECORD_EVERY`` (1000) operations and at exit; a second scheduler in the same process
-  recording to the same path writes ``trace-2.json`` and so on.  ``kvspec replay /path/trace.json --target spec`` (or
-  ``vllm``) checks it offline.  A trace holds at most ``harness.traces.trace.MAX_STEPS`` operations and
-  ``MAX_BLOCK_STEPS`` block-steps; recording stops there (said once on the log), the file keeps
-  the prefix.
+  ``KVSPEC_RECORD_EVERY`` (1000) operations and at the engine core's shutdown (before its workers are
+  torn down: the engine-core process is SIGTERMed, at-exit handlers never run there) or at exit; a
+  second scheduler in the same process recording to the same path writes ``trace-2.json`` and so on.
+  ``kvspec replay /path/trace.json --target spec`` (or ``vllm``) checks it offline.  A trace holds at
+  most ``harness.traces.trace.MAX_STEPS`` operations and ``MAX_BLOCK_STEPS`` block-steps; recording
+  stops there (said once on the log), the file keeps the prefix.
 - ``KVSPEC_SHADOW=1`` (or ``raise``): the spec in lockstep online; the first divergence, invariant
   or ledger finding writes a report under ``KVSPEC_SHADOW_OUT`` (default ``kvspec-shadow-reports``)
   and raises ``FindingError`` in the scheduler.  ``KVSPEC_SHADOW=log``: the report is written and
   logged, and the shadow stops checking that scheduler (serving goes on).
 
-A scheduler whose config kvspec does not model (other group kinds, another hash, events, ...) is
-left alone, with one warning naming the reason.
+A scheduler whose config kvspec does not model (other group kinds, another hash, events, sparse
+retention of sliding-window blocks, ...) is left alone, with one warning naming the reason.  Inside
+the engine the proxy is tolerant (``ManagerProxy``): a call it cannot follow, or a full trace, stops
+mirroring with one warning and the engine serves on; every call reaches the real manager with the
+scheduler's own arguments.
 """
 
 from __future__ import annotations

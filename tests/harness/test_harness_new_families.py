@@ -306,6 +306,7 @@ def test_family_catches_the_bug_about_its_input(family: str, factory: Callable[[
     assert stats.finding is not None and stats.finding.kind == "divergence", f"{family} missed {factory.__name__}"
 
 
+@pytest.mark.full  # 10-16 s each: the controls of test_family_catches_the_bug_about_its_input
 @pytest.mark.parametrize("family, factory", [("sliding_window", _IgnoresInFlight), ("full", _IgnoresEncoderTokens)])
 def test_old_family_cannot_see_the_bug(family: str, factory: Callable[[], Any]) -> None:
     """Without the new family the mistake goes unnoticed (the input never varies there)."""
