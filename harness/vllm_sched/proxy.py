@@ -105,7 +105,7 @@ class ManagerProxy:
         self._book: RequestBook[None] = RequestBook()
         self._lookups: dict[str, Any] = {}  # request id -> the last lookup result (identity)
         self._requests: dict[str, Any] = {}  # request id -> the real Request
-        self._signatures: dict[str, inspect.Signature] = {}
+        self._binders: dict[str, _Binder] = {}
         self._result: Any = _NOTHING  # the real call's result, once made (``_mirrored``)
         self.calls = 0  # manager calls mirrored
         self.seconds = 0.0  # time spent in the real calls (bare)
@@ -141,16 +141,15 @@ class ManagerProxy:
             log.warning("kvspec: stopped mirroring this scheduler's manager: %s; serving goes on", why)
 
     def _arguments(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The call's arguments by name, defaults filled in, read against the real method's signature."""
-        sig = self._signatures.get(name)
-        if sig is None:
-            sig = self._signatures[name] = inspect.signature(getattr(self._real, name))
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise Unsupported(f"{name} called with arguments its signature does not take: {e}") from None
-        bound.apply_defaults()
-        return dict(bound.arguments)
+        """The call's arguments by name, defaults filled in, read against the real method's signature
+        (a call it does not take is ``Unsupported``)."""
+        binder = self._binders.get(name)
+        if binder is None:
+            binder = self._binders[name] = _Binder(inspect.signature(getattr(self._real, name)))
+        a = binder.bind(args, kwargs)
+        if a is None:
+            raise Unsupported(f"{name} called with arguments its signature does not take: {args!r} {kwargs!r}")
+        return a
 
     # --- request state ---------------------------------------------------------------------------
 
@@ -278,11 +277,11 @@ class ManagerProxy:
 
     def _allocate_slots(self, a: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         request = a["request"]
-        sig = self._signatures["allocate_slots"]
+        defaults = self._binders["allocate_slots"].defaults
         for name, value in a.items():
             if name in self.ALLOCATE_FIELDS or name in self.ALLOCATE_IGNORED:
                 continue
-            if value != sig.parameters[name].default:
+            if value != defaults.get(name, _NOTHING):
                 raise Unsupported(f"allocate_slots({name}={value!r}) is not modelled by kvspec")
         rid = request.request_id
         self._sync(request)
@@ -375,6 +374,29 @@ class ManagerProxy:
                 raise Unsupported(why)
             self.turn_off(why)
         return copies, retained
+
+
+class _Binder:
+    """``inspect.Signature.bind`` for plain positional-or-keyword parameters at a few microseconds a
+    call (it sits on every manager call): the arguments by name with the defaults filled in, or None
+    when the call does not fit (too many, unknown or missing ones)."""
+
+    def __init__(self, sig: inspect.Signature) -> None:
+        params = list(sig.parameters.values())
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params), f"unsupported signature {sig}"
+        self.names = [p.name for p in params]
+        self.known = frozenset(self.names)
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        if len(args) > len(self.names) or not self.known.issuperset(kwargs):
+            return None
+        out = dict(self.defaults)
+        out.update(zip(self.names, args, strict=False))
+        if any(k in kwargs for k in self.names[: len(args)]):
+            return None  # one given twice
+        out.update(kwargs)
+        return out if len(out) == len(self.names) else None
 
 
 def install(scheduler: Any, sink: Sink, tolerant: bool = False) -> ManagerProxy:

@@ -41,8 +41,8 @@ def run_fuzz(tmp_path: Path, *extra: str) -> None:
 
 
 def test_fuzz_vllm_against_the_spec(tmp_path, full_tier):
-    run_fuzz(tmp_path, "--seconds", "45" if full_tier else "12")
+    run_fuzz(tmp_path, "--seconds", "45" if full_tier else "8")
 
 
 def test_fuzz_vllm_kv_contents(tmp_path, full_tier):
-    run_fuzz(tmp_path, "--seconds", "30" if full_tier else "10", "--kv-check")
+    run_fuzz(tmp_path, "--seconds", "30" if full_tier else "6", "--kv-check")
