@@ -153,6 +153,7 @@ def test_the_whole_catalogue_is_killed(tmp_path):
     assert "checks that killed no mutant" in r.stdout
 
 
+@pytest.mark.full  # about 20 s; the whole campaign (full tier) runs every scheduler row too
 def test_a_scheduler_mutant_is_a_campaign_row_with_a_reduced_report(tmp_path):
     pytest.importorskip("vllm")
     from vllm.v1.core.sched.scheduler import Scheduler
