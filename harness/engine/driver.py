@@ -106,7 +106,7 @@ class EngineProcess:
         cmd = [str(python), "-W", "ignore", "-m", "kvspec.harness.engine.worker", "--models", str(models)]
         if mutant:
             cmd += ["--mutant", mutant]
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the worker itself keeps its engines in-process
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1
         )
@@ -126,9 +126,10 @@ class EngineProcess:
         import selectors
 
         assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(seconds):
+        with selectors.DefaultSelector() as sel:  # closed after each answer: no descriptor kept per call
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(seconds)
+        if not ready:
             self.close()
             raise WorkerDied(f"the engine worker did not answer within {seconds:g}s while {doing} ({self.tail()})")
         line = self.proc.stdout.readline()

@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints go to stderr; stdout is the protocol's
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the checks reach into the engine core: in-process
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu" if not _has_cuda() else "cuda")
     if args.mutant:
         from kvspec.harness.mutants.vllm_engine import apply_engine_mutant
