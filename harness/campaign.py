@@ -154,14 +154,18 @@ def add_parser(sub: Any) -> None:
 def builtin_entries(with_vllm: bool, with_engine: bool | None = None) -> list[Entry]:
     """One row per built-in mutant and mode (``harness.mutants.registry.all_mutants``); the runtime
     vLLM ones only ``with_vllm``, the engine-path ones also only ``with_engine`` (None: when there is
-    an engine venv, ``ci/setup --engine``)."""
+    an engine venv, ``ci/setup --engine``), SGLang's only when SGLang is there (``ci/setup --sglang``)."""
     from kvspec.harness.mutants.registry import all_mutants
+    from kvspec.harness.sglang.load import is_sglang_there
 
     engines = with_vllm and (_engine_venv() if with_engine is None else with_engine)
+    sglang = is_sglang_there()
     return [
         _entry(m, mode)
         for m in all_mutants()
-        if (with_vllm or m.target not in ("vllm", "vllm-scheduler")) and (engines or m.target != "vllm-engine")
+        if (with_vllm or m.target not in ("vllm", "vllm-scheduler"))
+        and (engines or m.target != "vllm-engine")
+        and (sglang or m.target != "sglang")
         for mode in m.modes
     ]
 

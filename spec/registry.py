@@ -4,9 +4,12 @@ Three sets use it: the manager's own rules (``spec.invariants.SPEC_INVARIANTS``,
 §9), the KV ledger's (``spec.kv_ledger.LEDGER_INVARIANTS``, §11) and the P/D safety rules
 (``harness.pd.invariants.PD_INVARIANTS``, docs/pd-preallocation.md).  A predicate is registered
 with ``@REGISTRY.register(rule, kind)``: ``rule`` cites the statement it checks, ``kind`` says
-what it reads (one of the registry's ``kinds``).  It takes a context and returns ``None`` when it
-holds, or a witness (a message, an access) when it does not.  The registry is a read-only mapping
-from names to ``Invariant``s, in registration order, which is the order violations are reported.
+what it reads (one of the registry's ``kinds``), and ``engines`` (optional) names the engines whose
+policy it states: an engine-neutral predicate (no ``engines``) holds for any correct KV cache, a
+policy predicate only for the engines it names (``is_in_force``).  It takes a context and returns
+``None`` when it holds, or a witness (a message, an access) when it does not.  The registry is a
+read-only mapping from names to ``Invariant``s, in registration order, which is the order
+violations are reported.
 """
 
 from __future__ import annotations
@@ -21,12 +24,19 @@ W = TypeVar("W")  # what a broken predicate returns: a message, an access
 
 @dataclass(frozen=True, slots=True)
 class Invariant(Generic[C, W]):
-    """One registered predicate: its name (the function's), the rule it cites, its kind."""
+    """One registered predicate: its name (the function's), the rule it cites, its kind, and the
+    engines whose policy it states (``None``: engine-neutral)."""
 
     name: str
     rule: str
     kind: str
     check: Callable[[C], W | None] = field(repr=False)
+    engines: tuple[str, ...] | None = None
+
+    def is_in_force(self, engine: str | None) -> bool:
+        """Checked on a target of ``engine``: it is engine-neutral, or it states that engine's policy
+        (``engine`` None: every predicate, as on the spec itself)."""
+        return engine is None or self.engines is None or engine in self.engines
 
     @property
     def doc(self) -> str:
@@ -42,13 +52,16 @@ class Registry(Mapping[str, Invariant[C, W]]):
         self._entries: dict[str, Invariant[C, W]] = {}
         self._by_kinds: dict[tuple[str, ...], list[Invariant[C, W]]] = {}
 
-    def register(self, rule: str, kind: str) -> Callable[[Callable[[C], W | None]], Callable[[C], W | None]]:
+    def register(
+        self, rule: str, kind: str, engines: tuple[str, ...] | None = None
+    ) -> Callable[[Callable[[C], W | None]], Callable[[C], W | None]]:
         """The decorator adding a predicate under its function's name (a second one is refused)."""
         assert kind in self.kinds, f"{self.what} kind {kind!r} (known: {', '.join(self.kinds)})"
+        assert engines is None or (engines and all(engines)), f"{self.what}: engines {engines!r} names no engine"
 
         def add(fn: Callable[[C], W | None]) -> Callable[[C], W | None]:
             assert fn.__name__ not in self._entries, f"duplicate {self.what} {fn.__name__}"
-            self._entries[fn.__name__] = Invariant(fn.__name__, rule, kind, fn)
+            self._entries[fn.__name__] = Invariant(fn.__name__, rule, kind, fn, engines)
             self._by_kinds.clear()
             return fn
 
@@ -70,13 +83,24 @@ class Registry(Mapping[str, Invariant[C, W]]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def in_force(self, engine: str | None) -> list[Invariant[C, W]]:
+        """The predicates checked on a target of ``engine`` (``Invariant.is_in_force``)."""
+        return [inv for inv in self._entries.values() if inv.is_in_force(engine)]
+
     def check(
-        self, ctx: C, names: Collection[str] | None = None, kinds: Collection[str] | None = None
+        self,
+        ctx: C,
+        names: Collection[str] | None = None,
+        kinds: Collection[str] | None = None,
+        engine: str | None = None,
     ) -> list[tuple[Invariant[C, W], W]]:
-        """Every broken predicate (of ``kinds``, or the named ones) with its witness, in registration order."""
+        """Every broken predicate (of ``kinds``, or the named ones; those in force for ``engine``)
+        with its witness, in registration order."""
         out = []
         for inv in self._entries.values() if kinds is None else self._of_kinds(tuple(kinds)):
             if names is not None and inv.name not in names:
+                continue
+            if not inv.is_in_force(engine):
                 continue
             witness = inv.check(ctx)
             if witness is not None:

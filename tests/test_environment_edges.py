@@ -25,6 +25,7 @@ BELOW_RUN = (
     "drivers",
     "vllm_sched",
     "engine",
+    "sglang",
 )
 EDGES = {
     "harness/vllm_sched/record.py",  # KVSPEC_RECORD / KVSPEC_SHADOW in a user's vLLM process (its plugin)
@@ -32,6 +33,7 @@ EDGES = {
     "harness/engine/worker.py",  # the engine worker's process entry point (vLLM's in-process switches)
     "harness/engine/plugin_run.py",  # a plain engine's process entry point (--in-process)
     "harness/engine/bench.py",  # the engine benchmark's process entry point (in-process engines)
+    "harness/sglang/load.py",  # KVSPEC_SGLANG_VENV: where the sglang venv is
 }
 READERS = {"environ", "getenv", "environb", "getenvb", "putenv", "unsetenv"}
 

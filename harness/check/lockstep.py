@@ -43,7 +43,7 @@ from kvspec.harness.ledger.checker import LedgerChecker
 from kvspec.harness.ledger.finding import LedgerFinding
 from kvspec.harness.ledger.known_bugs import KnownBug, NamedViolation, match_known_bug, split_known
 from kvspec.harness.targets import outcome_schema as S
-from kvspec.harness.targets.base import Target, Unsupported, bind_release
+from kvspec.harness.targets.base import Target, Unsupported, bind_release, get_target_engine
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.spec.config import KVCacheConfig
 from kvspec.spec.invariants import StepContext, Violation, check_invariants, check_step
@@ -77,7 +77,7 @@ class Lockstep:
         # reference's own, or, when the spec does not run, a spec target fed the request ops only.
         self.book = self.ref if self.ref is not None else SpecTarget()
         self.steps: list[tuple[O.Op, Any]] = []
-        self.ctx = ObsContext()
+        self.ctx = ObsContext(engine=get_target_engine(target))
         self.ledger = EventLedger() if config.enable_kv_cache_events else None
         self.ref_obs: Observation | None = None
         self.tgt_obs: Observation | None = None

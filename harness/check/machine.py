@@ -31,7 +31,7 @@ from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.core import ops as O
 from kvspec.harness.core.flight import FLIGHT
-from kvspec.harness.targets.base import Target, Unsupported, bind_release
+from kvspec.harness.targets.base import Target, Unsupported, bind_release, get_sched_limits
 from kvspec.harness.world.families import configs, near_points, workload_features
 from kvspec.harness.world.workload import ACTIONS, ALPHABET, Workload, draw_sched_config
 from kvspec.spec.config import KVCacheConfig
@@ -97,11 +97,13 @@ class FamilyUnsupported(KeyboardInterrupt):
 @dataclass
 class Resets:
     """How one machine's resets went in this run: ``ok`` accepted, ``refused`` refused
-    (``Unsupported``), ``why`` the last refusal; a family with none accepted is skipped."""
+    (``Unsupported``), ``why`` the last refusal; a family with none accepted is skipped.
+    ``declined``: the examples the target refused, at reset or later, by reason."""
 
     ok: int = 0
     refused: int = 0
     why: str | None = None
+    declined: Counter[str] = field(default_factory=Counter)
 
 
 RESETS_BEFORE_SKIP = 50
@@ -202,6 +204,7 @@ class KVMachine(RuleBasedStateMachine):
             return fn(*args)
         except Unsupported as e:
             self.stats.unsupported[str(e)[:80]] += 1
+            self.resets.declined[str(e)] += 1
             if at_reset:
                 resets = self.resets
                 resets.why, resets.refused = str(e), resets.refused + 1
@@ -274,6 +277,8 @@ class KVMachine(RuleBasedStateMachine):
         config = bind_release(config, target)
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, features=features)
+        if limits := get_sched_limits(target):  # scheduler features the target's engine does not have
+            sc = dataclasses.replace(sc, **limits)
         if self.checks.kv_check and sc.async_scheduling and sc.num_spec_tokens:
             # The KV-content oracle does not model draft placeholders under async scheduling yet.
             sc = dataclasses.replace(sc, num_spec_tokens=0, num_lookahead_tokens=0)
@@ -352,17 +357,30 @@ def run_machine(
     ``stats.deadline`` when set (``_cap_shrinking``).  A family the
     target cannot build a single config of (``Unsupported`` at every reset, e.g. ``v0_20`` on
     vLLM 0.33; ``FamilyUnsupported`` after ``RESETS_BEFORE_SKIP`` of them) is skipped: recorded in
-    ``stats.skipped`` and as the event ``family:unsupported_at_reset``, and not run again.
+    ``stats.skipped`` and as the event ``family:unsupported_at_reset``, and not run again.  So is one
+    whose examples the target refuses so often (at reset or later) that Hypothesis gives up: the
+    skip says how many it refused and the commonest reason.  Giving up with no refusal at all is
+    kvspec's own fault and raises.
     """
     if cls.family in cls.stats.skipped:
         return
     try:
         _run(cls, hyp_settings, seed, shrink_seconds)
     except (Unsatisfiable, FailedHealthCheck, FamilyUnsupported):
-        if cls.resets.why is None or cls.resets.ok:
+        r = cls.resets
+        if r.why is not None and not r.ok:
+            cls.stats.skipped[cls.family] = r.why
+            cls.stats.events[f"{cls.family}:unsupported_at_reset"] += 1
+            return
+        if not r.declined:
             raise
-        cls.stats.skipped[cls.family] = cls.resets.why
-        cls.stats.events[f"{cls.family}:unsupported_at_reset"] += 1
+        reason, n = r.declined.most_common(1)[0]
+        total = sum(r.declined.values())
+        cls.stats.skipped[cls.family] = (
+            f"Hypothesis gave up: the target refused {total} examples ({r.ok} accepted at reset), "
+            f"{n} of them because: {reason}"
+        )
+        cls.stats.events[f"{cls.family}:refused"] += 1
 
 
 def _run(cls: type[KVMachine], hyp_settings: settings, seed: int | None, shrink_seconds: int) -> None:

@@ -4,8 +4,10 @@ There is one registry of invariants, ``spec.invariants``.  To check vLLM, ``impl
 manager, ``state_from_observation`` rebuilds a spec state from what the target reports (tables,
 cached counts, ref counts, free-queue order, keys, hash map), and the requests are the scheduler's
 own (the same op stream) carrying the hashes the target computed; then every state predicate runs
-on it, names included.  Only the event replay (§9.20) is kept here, because a target's pending
-events are invisible until it hands them over (``EventLedger``).
+on it, names included: those in force for the target's engine (``ObsContext.engine``: a vLLM-policy
+invariant is not checked on SGLang, an engine-neutral one is).  Only the event replay (§9.20) is
+kept here, because a target's pending events are invisible until it hands them over
+(``EventLedger``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ObsContext:
 
     requests: Mapping[str, Request] = field(default_factory=dict)
     evicted_ever: bool = False  # evict_blocks was called (relaxes §9.8, §9.10, §9.16)
+    engine: str = "vllm"  # the target's engine: its policy invariants and the neutral ones are checked
 
 
 def state_from_observation(obs: Observation, config: KVCacheConfig) -> KVCacheManagerState:
@@ -70,7 +73,9 @@ def state_from_observation(obs: Observation, config: KVCacheConfig) -> KVCacheMa
 
 
 def check_observation(obs: Observation, config: KVCacheConfig, ctx: ObsContext | None = None) -> list[ObsViolation]:
-    """Every state invariant of ``spec.invariants`` on the observed state; [] means consistent."""
+    """Every state invariant of ``spec.invariants`` in force for the target's engine (``ctx.engine``:
+    the engine-neutral ones and that engine's policy, which reads ``obs.facts``) on the observed
+    state; [] means consistent."""
     ctx = ctx or ObsContext()
     requests = {
         RequestId(rid): replace(req, block_hashes=tuple(BlockHash(h) for h in obs.request_block_hashes.get(rid, ())))
@@ -79,7 +84,7 @@ def check_observation(obs: Observation, config: KVCacheConfig, ctx: ObsContext |
     state = state_from_observation(obs, config)
     return [
         ObsViolation(v.name, f"{v.rule}: {v.message}")
-        for v in check_invariants(state, requests, evict_called=ctx.evicted_ever)
+        for v in check_invariants(state, requests, evict_called=ctx.evicted_ever, engine=ctx.engine, facts=obs.facts)
     ]
 
 

@@ -38,6 +38,9 @@ class Observation:
     # block id -> further keys stored for it (vLLM cached_block_hashes_by_block: partial tail entries);
     # a set, since vLLM keeps a set
     secondary_keys: dict[int, frozenset[bytes]] = field(default_factory=dict)
+    # what an engine reports beyond this vocabulary, JSON values, read by its policy invariants
+    # (``spec.invariants.state_sglang``); empty for vLLM and the managers that model it
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def num_blocks(self) -> int:

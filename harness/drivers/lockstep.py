@@ -30,6 +30,7 @@ from kvspec.harness.drivers.base import (
     reduce_finding,
 )
 from kvspec.harness.drivers.isolated import CRASHED, replay_isolated
+from kvspec.harness.targets.base import get_declined_families
 from kvspec.harness.traces.replay import ReplayResult, replay
 from kvspec.harness.traces.trace import Trace, trace_to_json
 
@@ -56,10 +57,14 @@ class LockstepDriver:
         return contextlib.nullcontext()
 
     def plan(self, families: Sequence[str]) -> Plan:
-        """Every chosen family, its machine made now (a family the target refuses at every reset is
-        skipped when met); under the ``replay`` profile, one turn per family."""
-        self.machines = {fam: self.machine(fam) for fam in families}
-        return Plan(tuple(families), turns=None if self.settings.generates else len(families))
+        """Every chosen family the target does not decline (``declined_families``, with why), its
+        machine made now (a family the target refuses at every reset is skipped when met); under the
+        ``replay`` profile, one turn per family."""
+        declined = get_declined_families(self.factory)  # on the factory (a class): no target is built here
+        skipped = {fam: declined[fam] for fam in families if fam in declined}
+        run = tuple(fam for fam in families if fam not in skipped)
+        self.machines = {fam: self.machine(fam) for fam in run}
+        return Plan(run, skipped, turns=None if self.settings.generates else len(run))
 
     def machine(self, family: str) -> type[KVMachine]:
         return make_machine(family, self.factory, self.settings.target, self.settings.checks, self.stats)

@@ -264,21 +264,31 @@ def get_fresh_blocks(
 ) -> set[int]:
     """The blocks an allocation handed out fresh: in ``rid``'s new tables, neither kept at their index
     from before nor adopted at their index from the lookup ``hits`` (a hit the window passed is left
-    untouched and may come back fresh elsewhere, docs/semantics.md §3.4), and every new block the
-    outcome names."""
+    untouched and may come back fresh elsewhere, docs/semantics.md §3.4) nor a cached block adopted
+    under the key it had before (SGLang repoints a row to the tree's copy of a prefix at its
+    checkpoint: the copy keeps its KV, which the next read checks), and every new block the outcome
+    names."""
     fresh: set[int] = set()
     for g, tables in enumerate(obs.tables):
         old = before.tables[g].get(rid, ()) if before is not None else ()
         hit = hits[g] if g < len(hits) else []
         adopted = set()
         for i, b in enumerate(tables.get(rid, ())):
-            if i < len(hit) and hit[i] == b:
+            if (i < len(hit) and hit[i] == b) or _keeps_key(before, obs, b):
                 adopted.add(b)
             elif b != 0 and not (i < len(old) and old[i] == b):
                 fresh.add(b)
         if isinstance(out, dict) and g < len(out.get("block_ids", ())):
             fresh.update(b for b in out["block_ids"][g] if b != 0 and b not in adopted)
     return fresh
+
+
+def _keeps_key(before: Observation | None, obs: Observation, b: int) -> bool:
+    """Block ``b`` carried a key before the call and carries the same one after it (a cached copy)."""
+    if before is None or not 0 < b < min(before.num_blocks, obs.num_blocks):
+        return False
+    key = before.block_key[b]
+    return key is not None and obs.block_key[b] == key
 
 
 def _held_blocks(obs: Observation | None, rid: str) -> list[int]:

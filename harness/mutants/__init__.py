@@ -9,7 +9,9 @@
 - ``impl``: bugs in kvspec's own allocator (for the KV-content oracle and the ledger);
 - ``vllm``: runtime bugs in the installed vLLM's ``KVCacheManager``;
 - ``vllm_scheduler``: runtime bugs in vLLM's real ``Scheduler`` (run by ``harness.vllm_sched``);
+- ``vllm_engine``: bugs in the engine's own path (run in the engine worker);
+- ``sglang``: runtime bugs in SGLang's radix cache (the ``sglang`` target, ``harness.sglang``);
 - ``fixes_vllm``: the proposed fixes of the known vLLM bugs (``--target vllm-fixed``).
 
-Imports: harness.core, harness.targets, spec, impl.
+Imports: harness.core, harness.targets, harness.sglang, spec, impl.
 """

@@ -19,7 +19,7 @@ from kvspec.harness.core.ops import Op
 from kvspec.harness.targets.adapter import ManagerAdapter
 from kvspec.spec.config import KVCacheConfig
 
-TargetKind = Literal["spec", "impl", "vllm", "vllm-scheduler", "vllm-engine"]
+TargetKind = Literal["spec", "impl", "vllm", "vllm-scheduler", "vllm-engine", "sglang"]
 TARGET_KINDS: tuple[TargetKind, ...] = get_args(TargetKind)
 
 Mode = Literal["exact", "outcomes", "invariants", "self"]

@@ -3,8 +3,8 @@
 The target catalogue (``harness.run.catalogue.resolve``) turns ``mutant:NAME`` into a target through
 ``find_mutant`` and ``mutant_factory``; ``all_mutants`` lists every catalogue's
 ``Mutant`` records (``harness.mutants.record``): the spec's (``spec``, ``invariants``), the ``impl``
-allocator's (``impl``), vLLM's manager's (``vllm``), vLLM's scheduler's (``vllm_scheduler``) and the engine path's
-(``vllm_engine``).
+allocator's (``impl``), vLLM's manager's (``vllm``), vLLM's scheduler's (``vllm_scheduler``), the engine path's
+(``vllm_engine``) and SGLang's radix cache's (``sglang``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from kvspec.harness.mutants.record import Mutant
 
 def all_mutants() -> tuple[Mutant, ...]:
     """Every built-in mutant, catalogue by catalogue (the campaign's row order).  Importing the vLLM
-    catalogues is free: vLLM itself is imported only when a mutant is applied."""
-    from kvspec.harness.mutants import impl, spec, vllm, vllm_engine, vllm_scheduler
+    and SGLang catalogues is free: vLLM and SGLang are imported only when a mutant is applied."""
+    from kvspec.harness.mutants import impl, sglang, spec, vllm, vllm_engine, vllm_scheduler
 
     return (
         *spec.SPEC_MUTANTS.values(),
@@ -26,6 +26,7 @@ def all_mutants() -> tuple[Mutant, ...]:
         *vllm.MUTANTS.values(),
         *vllm_scheduler.MUTANTS.values(),
         *vllm_engine.MUTANTS.values(),
+        *sglang.MUTANTS.values(),
     )
 
 
@@ -37,12 +38,13 @@ def find_mutant(name: str) -> Mutant | None:
 def mutant_factory(mutant: Mutant) -> Callable[[], Any]:
     """A zero-argument factory of fresh targets carrying ``mutant`` (not a scheduler mutant: those
     mutate the scheduler ``harness.vllm_sched`` drives, not a target)."""
-    from kvspec.harness.mutants import impl, spec, vllm
+    from kvspec.harness.mutants import impl, sglang, spec, vllm
 
     make: dict[str, Callable[[str], Any]] = {
         "spec": spec.make_mutant,
         "impl": impl.make_mutant_target,
         "vllm": vllm.make_mutant_target,
+        "sglang": sglang.make_mutant_target,
     }
     assert mutant.target in make, mutant
 

@@ -13,6 +13,6 @@
 - ``pytest_plugin`` and ``pytest_suite``: kvspec as a pytest plugin.
 
 Imports: harness, harness.core, harness.world, harness.targets, harness.ledger, harness.oracle,
-harness.mutants, harness.check, harness.traces, harness.drivers, harness.vllm_sched, harness.engine, spec,
-impl.
+harness.mutants, harness.check, harness.traces, harness.drivers, harness.vllm_sched, harness.engine,
+harness.sglang, spec, impl.
 """

@@ -8,7 +8,8 @@ and its origin.  Names follow ``harness.core.target_names``:
 
 - the built-in targets, here and nowhere else (``BUILTIN``): ``spec``, ``vllm``, ``impl``,
   ``vllm-fixed`` (vLLM with the proposed fixes of K1 and K3), ``vllm-scheduler`` (vLLM's real scheduler
-  driving its manager), ``vllm-engine`` (real engines on tiny models, ``harness.engine``);
+  driving its manager), ``vllm-engine`` (real engines on tiny models, ``harness.engine``), ``sglang``
+  (SGLang's radix cache, ``harness.sglang``);
 - ``mutant:NAME``: a deliberate bug of any catalogue (``harness.mutants.registry.all_mutants``), run
   by the driver of the kind of target it mutates;
 - ``package.module:factory``: a user's manager (``harness.targets.user_factory``), lockstep-driven.
@@ -44,7 +45,8 @@ DriverMaker = Callable[[Callable[[], Any], DriveSettings, DriveHooks], Driver]
 @dataclass(frozen=True)
 class CatalogueEntry:
     """One target as a run needs it (module docstring).  ``relation`` None: the target's own
-    declaration decides (``harness.run.relation_choice``); ``families`` None: it models every family;
+    declaration decides (``harness.run.relation_choice``), and likewise ``engine`` (the policy
+    invariants in force, ``spec.invariants``); ``families`` None: it models every family;
     ``origin``: the kind of target (``spec``, ``impl``, ``vllm``, ``scheduler``, ``user``)."""
 
     name: str
@@ -55,6 +57,7 @@ class CatalogueEntry:
     families: tuple[str, ...] | None = None
     origin: str = "user"
     warm_up: Callable[[CatalogueEntry], None] | None = None
+    engine: str | None = None  # whose policy invariants are in force; None: the target's own ``engine``
 
     @property
     def builtin(self) -> bool:
@@ -126,6 +129,7 @@ def with_kv_check(entry: CatalogueEntry, known_bugs: bool = True) -> CatalogueEn
     def checked() -> Any:
         return KVCheckTarget(inner(), known_bugs=known_bugs)
 
+    checked.declined_families = getattr(inner, "declined_families", None)  # type: ignore[attr-defined]
     return replace(entry, factory=checked)
 
 
@@ -224,6 +228,19 @@ def _engine(assume_release: str | None, name: str = "vllm-engine", mutant: str |
     )
 
 
+def _sglang(assume_release: str | None, name: str = "sglang") -> CatalogueEntry:
+    """SGLang's radix cache (``harness.sglang``), from the sglang venv (``ci/setup --sglang``): another
+    engine, held to the engine-neutral invariants, SGLang's own and the KV ledger."""
+    from kvspec.harness.sglang.load import SglangUnavailable, load_sglang
+
+    try:
+        load_sglang()
+    except SglangUnavailable as e:
+        raise TargetLoadError(f"target {name!r}: {e}") from None
+    factory = _import_factory(name, "kvspec.harness.sglang.target", "SglangTarget")
+    return _checked(CatalogueEntry(name, factory, origin="sglang", engine="sglang"))
+
+
 def _no_engine_factory() -> Any:
     raise TargetLoadError("a real engine drives vLLM's own manager: it has no target factory to call")
 
@@ -235,6 +252,7 @@ BUILTIN: dict[str, Callable[[str | None], CatalogueEntry]] = {
     "vllm-fixed": _vllm_fixed,
     "vllm-scheduler": _scheduler,
     "vllm-engine": _engine,
+    "sglang": _sglang,
 }
 
 
@@ -250,6 +268,9 @@ def _mutant_entry(name: str, assume_release: str | None) -> CatalogueEntry:
         return _scheduler(assume_release, name, mutant.name)
     if mutant.target == "vllm-engine":
         return _engine(assume_release, name, mutant.name)
+    if mutant.target == "sglang":
+        _sglang(assume_release)  # says why when SGLang is not there
+        return _checked(CatalogueEntry(name, mutant_factory(mutant), origin="sglang", engine="sglang"))
     if mutant.target == "vllm":
         _vllm(assume_release)  # says why when vLLM is not installed
     entry = CatalogueEntry(name, mutant_factory(mutant), relation="exact", relation_reason=EXACT_WHY.format(name))

@@ -15,8 +15,13 @@ Outcome forms (JSON values, identical across targets):
 - every other operation: ``None``
 A target that models one vLLM release says so with a ``profile`` attribute (a ``spec.releases``
 ``Profile``, e.g. the installed vLLM's): ``bind_release`` then runs every config under that profile.
-A target that cannot model an operation or config raises ``Unsupported`` (the harness then skips
-that family or step kind for this target, and says so); any other exception is a finding.
+A target declares the engine whose policy it follows with an ``engine`` attribute (default ``vllm``;
+``get_target_engine``): the invariants in force are the engine-neutral ones and that engine's policy
+(``spec.invariants``). A target of another engine may also fix scheduler knobs (``sched_limits``) and
+decline whole families with a reason (``declined_families``). A target that cannot model an operation
+or config raises ``Unsupported`` (the
+harness then skips that family or step kind for this target, and says so); any other exception is a
+finding.
 """
 
 from __future__ import annotations
@@ -67,6 +72,41 @@ def get_target_profile(target: object) -> Profile | None:
         if target is None:
             break
     return None
+
+
+def get_target_engine(target: object) -> str:
+    """The engine whose policy a target follows: its ``engine`` attribute (or that of the target a
+    wrapper holds as ``inner``), else ``vllm``.  A target that is not vLLM's kind of manager declares
+    another (``sglang``, or any name of its own: then only the engine-neutral invariants apply)."""
+    engine = _declared(target, "engine")
+    return engine if isinstance(engine, str) and engine else "vllm"
+
+
+def _declared(target: object, attribute: str) -> Any:
+    """``attribute`` of the target, or of the target a wrapper holds as ``inner``; None if neither has it."""
+    for _ in range(8):
+        value = getattr(target, attribute, None)
+        if value is not None:
+            return value
+        target = getattr(target, "inner", None)
+        if target is None:
+            break
+    return None
+
+
+def get_declined_families(target: object) -> dict[str, str]:
+    """The families a target declares it does not model, each with why (``declined_families``): the
+    run skips them and says so, instead of discarding every example it draws."""
+    declined = _declared(target, "declined_families")
+    return dict(declined) if isinstance(declined, dict) else {}
+
+
+def get_sched_limits(target: object) -> dict[str, Any]:
+    """The scheduler knobs a target fixes (``sched_limits``: ``harness.world.workload.SchedConfig``
+    fields and their values): features of vLLM's scheduler the target's engine does not have, so the
+    world never draws them for it (SGLang: no vLLM KV connector, no drafts)."""
+    limits = _declared(target, "sched_limits")
+    return dict(limits) if isinstance(limits, dict) else {}
 
 
 def bind_release(config: KVCacheConfig, target: object) -> KVCacheConfig:

@@ -31,6 +31,21 @@ from kvspec.spec.types import TokenCount
 _NO_KEYS: frozenset[bytes] = frozenset()
 
 
+def make_spec_request(r: BookRequest, config: KVCacheConfig) -> rq.Request:
+    """The spec's request for the book record ``r``: its features, its prompt's block hashes."""
+    return rq.make_request(
+        r.request_id,
+        r.prompt_token_ids,
+        config,
+        lora=r.lora,
+        mm_features=tuple(MMFeature(m.identifier, m.offset, m.length) for m in r.mm_features),
+        cache_salt=r.cache_salt,
+        prompt_embeds=None if r.prompt_embeds is None else tuple(bytes.fromhex(row) for row in r.prompt_embeds),
+        skip_reading_prefix_cache=r.skip_reading_prefix_cache,
+        prompt_logprob_start=r.prompt_logprob_start,
+    )
+
+
 class SpecTarget(ManagerAdapter[rq.Request]):
     """``--target spec``: kvspec's executable model of vLLM 0.33's ``KVCacheManager``."""
 
@@ -83,17 +98,7 @@ class SpecTarget(ManagerAdapter[rq.Request]):
 
     def new_request(self, r: BookRequest) -> rq.Request:
         assert self.config is not None
-        return rq.make_request(
-            r.request_id,
-            r.prompt_token_ids,
-            self.config,
-            lora=r.lora,
-            mm_features=tuple(MMFeature(m.identifier, m.offset, m.length) for m in r.mm_features),
-            cache_salt=r.cache_salt,
-            prompt_embeds=None if r.prompt_embeds is None else tuple(bytes.fromhex(row) for row in r.prompt_embeds),
-            skip_reading_prefix_cache=r.skip_reading_prefix_cache,
-            prompt_logprob_start=r.prompt_logprob_start,
-        )
+        return make_spec_request(r, self.config)
 
     def update_request(self, native: rq.Request, r: BookRequest, op: O.Op) -> rq.Request:
         if isinstance(op, O.AppendOutputTokens):

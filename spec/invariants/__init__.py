@@ -12,7 +12,10 @@ naming the witness when it does not.  Two kinds:
 ``check_invariants`` and ``check_step`` run every predicate of a kind and return the violations,
 each carrying the predicate's name, so the harness can stop with ``"§9.5 ref_count_equals_references:
 block 7 has ref_cnt 2 but 1 reference"``.  The registry itself (``SPEC_INVARIANTS``, in ``registry``) is
-filled by importing the two predicate modules below, state first: that order is the report order.
+filled by importing the predicate modules below, state first (vLLM's and the engine-neutral ones,
+then SGLang's policy, ``state_sglang``), then step: that order is the report order.  A predicate
+tagged ``VLLM_POLICY`` or ``SGLANG_POLICY`` states one engine's policy and is checked only on a
+target of that engine; the others are engine-neutral (``check_invariants(engine=...)``).
 ``docs/invariants.md`` is the registry as a table (``render_invariant_table``).  ``memo`` keeps what two
 state predicates would otherwise redo at every check (hash recomputations, the event replay).
 
@@ -22,12 +25,19 @@ Imports: spec, spec.releases.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kvspec.spec.block_pool import thaw
 from kvspec.spec.events import Event
-from kvspec.spec.invariants import state_invariants, step_invariants  # noqa: F401  (registers them, state first)
+from kvspec.spec.invariants import (  # noqa: F401  (registers them, in this order: the report order)
+    state_invariants,
+    state_sglang,
+    step_invariants,
+)
 from kvspec.spec.invariants.registry import (
+    SGLANG_POLICY,
     SPEC_INVARIANTS,
+    VLLM_POLICY,
     InvariantKind,
     StateContext,
     StepContext,
@@ -41,7 +51,9 @@ from kvspec.spec.state import KVCacheManagerState, with_pool
 from kvspec.spec.types import RequestId
 
 __all__ = [
+    "SGLANG_POLICY",
     "SPEC_INVARIANTS",
+    "VLLM_POLICY",
     "Invariant",
     "InvariantKind",
     "StateContext",
@@ -60,13 +72,16 @@ def check_invariants(
     evict_called: bool = False,
     event_log: Sequence[Event] | None = None,
     names: Sequence[str] | None = None,
+    engine: str | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> list[Violation]:
-    """Run every state invariant (or the named ones); return each violation with its name.  A
+    """Run every state invariant (or the named ones; with ``engine``, only the engine-neutral ones and
+    that engine's policy, reading its ``facts``); return each violation with its name.  A
     persistent pool is read out into tuples once first (``spec.block_pool.thaw``)."""
     if (pool := thaw(state.pool)) is not state.pool:
         state = with_pool(state, pool)
-    ctx = StateContext(state, requests, evict_called, event_log)
-    return run_invariants(ctx, "state", names)
+    ctx = StateContext(state, requests, evict_called, event_log, dict(facts or {}))
+    return run_invariants(ctx, "state", names, engine)
 
 
 def check_step(ctx: StepContext, names: Sequence[str] | None = None) -> list[Violation]:

@@ -2,7 +2,9 @@
 
 A predicate is registered with ``@SPEC_INVARIANTS.register(rule, kind)`` (a ``spec.registry``):
 ``rule`` names what it checks in ``docs/semantics.md`` ("§9.n" for the numbered invariants,
-"P1".."P7" for the operation postconditions), ``kind`` (``state`` or ``step``) says what it reads.
+"P1".."P7" for the operation postconditions), ``kind`` (``state`` or ``step``) says what it reads,
+``engines`` (``VLLM_POLICY``, ``SGLANG_POLICY``) marks a rule of one engine's policy; the rest are
+engine-neutral and hold for any correct KV cache (docs/invariants.md says which is which).
 Registration order is the order in which ``spec.invariants`` reports violations.  The predicates
 live in ``spec.invariants.state_invariants`` and ``spec.invariants.step_invariants``; importing
 ``spec.invariants`` registers both, in that order.
@@ -23,6 +25,11 @@ from kvspec.spec.state import KVCacheManagerState
 from kvspec.spec.types import NULL_BLOCK_ID, BlockHash, BlockId, GroupId, RequestId
 
 InvariantKind = Literal["state", "step"]
+VLLM_POLICY = ("vllm",)
+"""vLLM's policy: lazy eviction (an unreferenced block is free and keeps its key), its free order, its
+event stream, and every operation postcondition (they describe vLLM's manager calls)."""
+SGLANG_POLICY = ("sglang",)
+"""SGLang's radix cache: its own tree and pool checks, read from the target's engine facts."""
 Slot = tuple[GroupId, RequestId, int]
 """One table slot: (group, request, index)."""
 
@@ -34,12 +41,14 @@ class StateContext:
     """One state to check.  ``evict_called``: ``evict_blocks`` ran at some point (it legitimately
     strips hashes from blocks still in use, which relaxes docs/semantics.md §9.8, §9.10 and §9.16).
     ``event_log``: every event taken so far (``None`` when the caller does not track them), for
-    §9.20."""
+    §9.20.  ``facts``: what an engine reports beyond the spec's vocabulary (``Observation.facts``),
+    for that engine's policy predicates."""
 
     state: KVCacheManagerState
     requests: Mapping[RequestId, Request]
     evict_called: bool = False
     event_log: Sequence[Event] | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
     _references: dict[BlockId, list[Slot]] | None = field(default=None, init=False, repr=False)
     _free_set: set[BlockId] | None = field(default=None, init=False, repr=False)
 
@@ -108,6 +117,10 @@ SPEC_INVARIANTS: Registry[Any, str] = Registry("spec invariant", get_args(Invari
 """Every invariant of the manager; a state predicate reads a ``StateContext``, a step one a ``StepContext``."""
 
 
-def run_invariants(ctx: Any, kind: InvariantKind, names: Sequence[str] | None = None) -> list[Violation]:
-    """Run every registered predicate of ``kind`` (or the named ones), in registration order."""
-    return [Violation(inv.name, inv.rule, message) for inv, message in SPEC_INVARIANTS.check(ctx, names, (kind,))]
+def run_invariants(
+    ctx: Any, kind: InvariantKind, names: Sequence[str] | None = None, engine: str | None = None
+) -> list[Violation]:
+    """Run every registered predicate of ``kind`` (or the named ones; those in force for ``engine``,
+    all when None), in registration order."""
+    found = SPEC_INVARIANTS.check(ctx, names, (kind,), engine)
+    return [Violation(inv.name, inv.rule, message) for inv, message in found]

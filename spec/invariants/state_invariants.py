@@ -1,4 +1,7 @@
-"""State invariants: predicates over one ``StateContext`` (docs/semantics.md §9.1-§9.16, §9.20).
+"""State invariants: predicates over one ``StateContext`` (docs/semantics.md §9.1-§9.16, §9.20, §9.21).
+
+Engine-neutral unless tagged ``VLLM_POLICY`` (vLLM's lazy eviction, free order and event stream):
+a neutral one holds for any correct block cache reported in the spec's vocabulary.
 
 Each returns ``None`` when its rule holds, or a message naming the witness.  They are a second
 reading of the rules, written from docs/semantics.md rather than from the operations in ``spec/``.
@@ -11,7 +14,7 @@ from collections import Counter
 from kvspec.spec.config import KVCacheConfig
 from kvspec.spec.hashing import get_published_hash
 from kvspec.spec.invariants.memo import recompute_hashes, replay, taken_counts
-from kvspec.spec.invariants.registry import SPEC_INVARIANTS, StateContext
+from kvspec.spec.invariants.registry import SPEC_INVARIANTS, VLLM_POLICY, StateContext
 from kvspec.spec.types import (
     NULL_BLOCK_ID,
     BlockId,
@@ -55,9 +58,10 @@ def free_queue_well_formed(c: StateContext) -> str | None:
     return f"free queue holds invalid id(s) {bad}"
 
 
-@SPEC_INVARIANTS.register("§9.3", "state")
+@SPEC_INVARIANTS.register("§9.3", "state", VLLM_POLICY)
 def free_iff_unreferenced(c: StateContext) -> str | None:
-    """For every real block: in the free queue exactly when ``ref_cnt == 0``; never negative."""
+    """For every real block: in the free queue exactly when ``ref_cnt == 0``; never negative.
+    vLLM's lazy eviction: an unreferenced block is free at once, keeping its key until reused."""
     ref = c.state.pool.ref_cnt
     unreferenced = {b for b, n in enumerate(ref) if n == 0}
     unreferenced.discard(NULL_BLOCK_ID)
@@ -74,14 +78,36 @@ def free_iff_unreferenced(c: StateContext) -> str | None:
 
 @SPEC_INVARIANTS.register("§9.4", "state")
 def conservation(c: StateContext) -> str | None:
-    """``free + |{b real : ref_cnt(b) > 0}| == num_blocks - 1``: no block is lost or counted twice."""
+    """Every real block is free, held by a request (``ref_cnt > 0``), or kept by the cache under a
+    key: no block is lost.  (In vLLM a kept block is free too, so ``free + in use == num_blocks - 1``;
+    SGLang keeps evictable pages in its tree, out of the free pool.)"""
     pool, ref = c.state.pool, c.state.pool.ref_cnt
     if min(ref) >= 0:  # counted in C: the real blocks whose count is not 0
         used = pool.num_blocks - 1 - ref.count(0) + (ref[NULL_BLOCK_ID] == 0)
     else:
         used = sum(1 for b in range(1, pool.num_blocks) if ref[b] > 0)
-    if len(pool.free_queue) + used != pool.num_blocks - 1:
-        return f"{len(pool.free_queue)} free + {used} in use != {pool.num_blocks - 1} usable blocks"
+    if len(c.free_set) + used == pool.num_blocks - 1 and not any(ref[b] > 0 for b in c.free_set):
+        return None  # free and in use are disjoint and cover every real block
+    keys = pool.block_key
+    lost = [b for b in range(1, pool.num_blocks) if b not in c.free_set and ref[b] <= 0 and keys[b] is None]
+    if lost:
+        return f"block(s) {lost[:8]} are neither free, nor held by a request, nor kept under a key: lost"
+    return None
+
+
+@SPEC_INVARIANTS.register("§9.21", "state")
+def no_reuse_while_referenced(c: StateContext) -> str | None:
+    """No free block is held by a request (its ref count or a table), and no ref count is negative:
+    a block is handed out again only once nobody reads it."""
+    ref = c.state.pool.ref_cnt
+    if min(ref) < 0:
+        b = next(b for b, n in enumerate(ref) if n < 0)
+        return f"block {b} has negative ref_cnt {ref[b]}"
+    for b in c.free_set:
+        if ref[b] > 0:
+            return f"free block {b} has ref_cnt {ref[b]}"
+        if b in c.references:
+            return f"free block {b} is held by {c.references[b][:4]} (group, request, index)"
     return None
 
 
@@ -343,7 +369,7 @@ def dict_membership(c: StateContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("§9.16", "state")
+@SPEC_INVARIANTS.register("§9.16", "state", VLLM_POLICY)
 def free_queue_partition(c: StateContext) -> str | None:
     """vLLM 0.33 order: unhashed free blocks are prepended and hashed ones appended, and a queued
     block's hash never changes, so (unless ``evict_blocks`` ran) every unhashed block in the queue
@@ -364,7 +390,7 @@ def free_queue_partition(c: StateContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("§9.20", "state")
+@SPEC_INVARIANTS.register("§9.20", "state", VLLM_POLICY)
 def events_rebuild_hash_map(c: StateContext) -> str | None:
     """With events on, replaying every event (taken and pending) rebuilds the hash map: each key
     is stored as many times as blocks hold it.  Events name a key by the request hash it ends with

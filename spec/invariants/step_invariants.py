@@ -1,14 +1,16 @@
 """Step invariants: postconditions of one manager operation over a ``StepContext``
 (docs/semantics.md P1-P7 and the per-operation rules §9.11, §9.14, §9.17-§9.19).
 
-Each returns ``None`` when its rule holds, or a message naming the witness.
+Each returns ``None`` when its rule holds, or a message naming the witness.  Every one states vLLM's
+policy (``VLLM_POLICY``: what its manager calls do, e.g. "``cache_blocks`` changes no ref count",
+"``free`` changes no hash"), so none is checked on another engine.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from kvspec.spec.invariants.registry import SPEC_INVARIANTS, StepContext
+from kvspec.spec.invariants.registry import SPEC_INVARIANTS, VLLM_POLICY, StepContext
 from kvspec.spec.kv_cache_manager import get_max_cache_hit_length, is_prefix_cache_lookup_enabled
 from kvspec.spec.linked_queue import queue_push
 from kvspec.spec.persistent import vec_changed, vec_set
@@ -17,7 +19,7 @@ from kvspec.spec.types import NULL_BLOCK_ID, BlockId, GroupId, make_block_key
 # --- operation postconditions ----------------------------------------------------------------------
 
 
-@SPEC_INVARIANTS.register("P1", "step")
+@SPEC_INVARIANTS.register("P1", "step", VLLM_POLICY)
 def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
     """``get_computed_blocks`` changes nothing; its hit is a multiple of the hit alignment (the
     LCM for a hybrid), below ``num_tokens``, and every group's list covers exactly it (no list
@@ -41,7 +43,7 @@ def lookup_is_pure_and_bounded(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P1", "step")
+@SPEC_INVARIANTS.register("P1", "step", VLLM_POLICY)
 def full_attention_hit_is_maximal(s: StepContext) -> str | None:
     """One full-attention group: hit block i is the oldest block under the request's hash i, and
     the hit stops only at a miss or at the cap (alignment = block size)."""
@@ -65,7 +67,7 @@ def full_attention_hit_is_maximal(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P2", "step")
+@SPEC_INVARIANTS.register("P2", "step", VLLM_POLICY)
 def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     """``allocate_slots`` -> None: no ref count grows, the free count does not drop, tables change
     only by nulling out-of-window blocks, and nothing new is hashed."""
@@ -96,7 +98,7 @@ def failed_allocation_changes_nothing(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P3 §9.18", "step")
+@SPEC_INVARIANTS.register("P3 §9.18", "step", VLLM_POLICY)
 def successful_allocation_is_exact(s: StepContext) -> str | None:
     """``allocate_slots`` -> blocks (and §9.13, §9.18): each attention table ends exactly ``max(previous length,
     cdiv(need_slot, bs))`` long, where ``need_slot = min(computed + new_computed + external + new
@@ -146,7 +148,7 @@ def successful_allocation_is_exact(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P6", "step")
+@SPEC_INVARIANTS.register("P6", "step", VLLM_POLICY)
 def hits_are_adopted(s: StepContext) -> str | None:
     """A successful first admission with prefix hits adopts each hit at its own index, touched
     (``ref_cnt >= 1``), unless the window had already passed it (then the slot is null and the
@@ -169,7 +171,7 @@ def hits_are_adopted(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P4", "step")
+@SPEC_INVARIANTS.register("P4", "step", VLLM_POLICY)
 def free_releases_everything(s: StepContext) -> str | None:
     """``free(r)``: each distinct block of r loses exactly one reference, blocks reaching 0 join
     the queue, hashes are kept, and r is gone from every group."""
@@ -196,7 +198,7 @@ def free_releases_everything(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P4 §9.17", "step")
+@SPEC_INVARIANTS.register("P4 §9.17", "step", VLLM_POLICY)
 def free_order(s: StepContext) -> str | None:
     """``free(r)`` (and §9.17, LRU order) queues, group by group and tail first, the blocks reaching 0: in vLLM 0.33 the
     unhashed ones go to the front (the last group's first) and the hashed ones to the tail.  All go
@@ -234,7 +236,7 @@ def free_order(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P5", "step")
+@SPEC_INVARIANTS.register("P5", "step", VLLM_POLICY)
 def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     """``cache_blocks``: no ref count or queue change; cached counts only grow; blocks only gain
     hashes, never lose them (a partial entry is replaced by the block's full key)."""
@@ -259,7 +261,7 @@ def cache_blocks_publishes_full_blocks(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("§9.11", "step")
+@SPEC_INVARIANTS.register("§9.11", "step", VLLM_POLICY)
 def cached_count_never_decreases(s: StepContext) -> str | None:
     """While a request holds its table, its ``num_cached_block`` never decreases and its table
     never shrinks (§9.13); only ``free`` forgets both."""
@@ -277,7 +279,7 @@ def cached_count_never_decreases(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("§9.14", "step")
+@SPEC_INVARIANTS.register("§9.14", "step", VLLM_POLICY)
 def window_blocks_released(s: StepContext) -> str | None:
     """After ``remove_skipped_blocks(p)`` (or ``allocate_slots``, which runs it first), no real
     block lies wholly before the attention span of the next query: for sliding window W the first
@@ -320,7 +322,7 @@ def window_blocks_released(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("P7", "step")
+@SPEC_INVARIANTS.register("P7", "step", VLLM_POLICY)
 def evict_only_touches_hashes(s: StepContext) -> str | None:
     """``evict_blocks`` (P7): only hashes and map entries change; the named blocks end unhashed."""
     if s.op != "evict_blocks":
@@ -334,7 +336,7 @@ def evict_only_touches_hashes(s: StepContext) -> str | None:
     return None
 
 
-@SPEC_INVARIANTS.register("§9.19", "step")
+@SPEC_INVARIANTS.register("§9.19", "step", VLLM_POLICY)
 def reset_only_when_all_free(s: StepContext) -> str | None:
     """``reset_prefix_cache`` succeeds iff every usable block is free; success clears every hash
     and keeps the queue order; failure changes nothing."""

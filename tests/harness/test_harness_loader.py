@@ -27,7 +27,7 @@ def test_user_example_adapter_loads():
 
 def test_every_built_in_name_is_one_catalogue_entry():
     """The built-in names live in one place: the catalogue (``--help`` and the errors name them from it)."""
-    assert set(BUILTIN) == {"spec", "vllm", "impl", "vllm-fixed", "vllm-scheduler", "vllm-engine"}
+    assert set(BUILTIN) == {"spec", "vllm", "impl", "vllm-fixed", "vllm-scheduler", "vllm-engine", "sglang"}
     entry = resolve("spec")
     assert (entry.name, entry.relation, entry.origin, entry.builtin) == ("spec", "exact", "spec", True)
     assert not resolve("examples.my_manager:make_target").builtin

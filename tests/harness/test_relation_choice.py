@@ -14,7 +14,7 @@ import pytest
 from examples.my_manager import TinyTarget
 from kvspec.harness.run.catalogue import CatalogueEntry, resolve
 from kvspec.harness.run.options import UsageError
-from kvspec.harness.run.relation_choice import choose_relation
+from kvspec.harness.run.relation_choice import choose_relation, invariant_set
 from kvspec.harness.targets.spec import SpecTarget
 
 EXAMPLE = "examples.my_manager:make_target"
@@ -85,7 +85,7 @@ def test_the_first_lines_of_a_run_say_the_relation(tmp_path):
     second = r.stderr.splitlines()[1]
     assert second == (
         f"kvspec fuzz: relation invariants (declared by target {EXAMPLE}: {TinyTarget.relation_reason}); "
-        "the KV ledger is on"
+        f"invariants: {invariant_set('vllm')}; the KV ledger is on"
     )
     args = ("--target", EXAMPLE, "--family", "no_cache", "--seconds", "2")
     r = kvspec("fuzz", *args, "--relation", "exact", cwd=tmp_path)

@@ -12,10 +12,11 @@ from kvspec.harness.campaign import builtin_entries
 from kvspec.harness.core.equality import RELATIONS
 from kvspec.harness.drivers.lockstep import LockstepDriver
 from kvspec.harness.engine.workload import ENGINE_FAMILIES
-from kvspec.harness.mutants import impl, invariants, spec, vllm, vllm_engine, vllm_scheduler
+from kvspec.harness.mutants import impl, invariants, sglang, spec, vllm, vllm_engine, vllm_scheduler
 from kvspec.harness.mutants.record import MODES, TARGET_KINDS, Mutant, Patch, by_name, patched_class
 from kvspec.harness.mutants.registry import all_mutants, find_mutant
 from kvspec.harness.run.catalogue import resolve
+from kvspec.harness.sglang.load import is_sglang_there, load_sglang
 from kvspec.harness.targets import TargetLoadError
 from kvspec.harness.vllm_sched.driver import SCHED_FAMILIES
 from kvspec.harness.world.families import FAMILIES
@@ -29,6 +30,7 @@ CATALOGUES = {
     "vllm": (vllm.MUTANTS, "vllm"),
     "vllm_scheduler": (vllm_scheduler.MUTANTS, "vllm-scheduler"),
     "vllm_engine": (vllm_engine.MUTANTS, "vllm-engine"),
+    "sglang": (sglang.MUTANTS, "sglang"),
 }
 
 
@@ -62,7 +64,9 @@ def test_modes_are_the_ones_the_campaign_knows() -> None:
     assert set(MODES) == set(RELATIONS) | {"self"}
     for m in all_mutants():
         assert m.modes and set(m.modes) <= set(MODES) and len(set(m.modes)) == len(m.modes), m.name
-        assert m.target == "spec" or m.modes == ("exact",), f"{m.name}: only the spec can run as itself"
+        # another engine is compared under the invariants relation only
+        expected = ("invariants",) if m.target == "sglang" else ("exact",)
+        assert m.target == "spec" or m.modes == expected, f"{m.name}: only the spec can run as itself"
 
 
 def test_intended_checks_exist() -> None:
@@ -72,6 +76,8 @@ def test_intended_checks_exist() -> None:
         assert all(n in SPEC_INVARIANTS or n == "events_replay" for n in named), m.intended
     for m in impl.MUTANTS.values():
         assert m.intended in LEDGER_INVARIANTS, m.name
+    for m in sglang.MUTANTS.values():
+        assert m.intended in SPEC_INVARIANTS or m.intended in LEDGER_INVARIANTS, m.name
 
 
 def test_patches_name_an_attribute_of_their_owner() -> None:
@@ -84,6 +90,10 @@ def test_patches_name_an_attribute_of_their_owner() -> None:
             continue
         if m.target == "vllm-engine":  # vLLM's CPU build, in the engine venv: tests/engine/test_engine_run.py
             continue
+        if m.target == "sglang":  # SGLang's venv: found and loaded first (harness/sglang/load.py)
+            if not is_sglang_there():
+                continue
+            load_sglang()
         owner = m.patch.resolve()
         assert m.patch.attr in vars(owner), f"{m.name}: {m.patch.owner} has no {m.patch.attr}"
 
@@ -91,12 +101,17 @@ def test_patches_name_an_attribute_of_their_owner() -> None:
 def test_campaign_rows_are_one_per_mutant_and_mode() -> None:
     rows = [(e.name, e.origin, e.mode, e.target, e.families) for e in builtin_entries(True, with_engine=True)]
     origin = {"spec": "spec", "impl": "impl", "vllm": "vllm", "vllm-scheduler": "scheduler", "vllm-engine": "engine"}
+    origin["sglang"] = "sglang"
+    sglang_rows = len(sglang.MUTANTS) if is_sglang_there() else 0  # SGLang's 6 need the sglang venv
     want = [
-        (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,)) for m in all_mutants() for mode in m.modes
+        (m.name, origin[m.target], mode, f"mutant:{m.name}", (m.family,))
+        for m in all_mutants()
+        for mode in m.modes
+        if m.target != "sglang" or sglang_rows
     ]
-    assert rows == want and len(rows) == 55
-    assert len(builtin_entries(True, with_engine=False)) == 51  # the engine's 4 need an engine venv
-    assert len(builtin_entries(with_vllm=False)) == 36  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
+    assert rows == want and len(rows) == 55 + sglang_rows
+    assert len(builtin_entries(True, with_engine=False)) == 51 + sglang_rows  # the engine's 4 need an engine venv
+    assert len(builtin_entries(with_vllm=False)) == 36 + sglang_rows  # 5 spec x 2 modes, 21 aimed (one twice), 4 impl
 
 
 def test_mutant_names_resolve_as_targets() -> None:

@@ -1,0 +1,190 @@
+"""The one reader of SGLang's state: its rows, pool and tree as a kvspec ``Observation``.
+
+kvspec's vocabulary, for SGLang (full attention, one page = one block):
+
+- a request's table: the pages of its ``ReqToTokenPool`` row (``row[i * page] // page``) up to its
+  allocated length; its cached count: the pages of its tree-protected prefix (``cache_protected_len``);
+- a page's reference count: how many live rows hold it (SGLang keeps none per page; its tree locks
+  nodes, which SGLang's policy invariants check, ``spec.invariants.state_sglang``);
+- the free queue: the allocator's free pages, in its order;
+- a page's key: kvspec's hash of the tokens on the tree path up to the end of that page, with the
+  path's namespace (LoRA, salt) and its multimodal items (pad values, ``get_pad_value``) as
+  features, so that equal keys mean equal KV under vLLM's rules and a tree page under a request's
+  table must carry that request's hash (the engine-neutral §9.8, §9.10);
+- ``facts``: what SGLang reports (sizes, ``sanity_check``) and the tree as walked, for §12.
+
+Imports: harness.core, harness.sglang.build, spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from kvspec.harness.core.observation import Observation
+from kvspec.harness.sglang.build import SglangCache
+from kvspec.spec.config import KVCacheConfig
+from kvspec.spec.hashing import MMFeature, get_group_block_hashes
+from kvspec.spec.request import make_request
+from kvspec.spec.types import BlockHash, GroupId, make_block_key
+
+
+def observe_cache(c: SglangCache, natives: Mapping[str, Any]) -> Observation:
+    """The observation of ``c`` with the requests ``natives`` (``SglRequest`` by id)."""
+    p, n = c.page_size, c.num_pages + 1
+    live = {rid: x for rid, x in natives.items() if x.admitted}
+    tables, cached, rows = {}, {}, {}
+    ref_cnt = [0] * n
+    for rid, x in live.items():
+        kv = x.req.kv
+        row = c.rows.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].tolist()
+        rows[rid] = row
+        table = tuple(s // p for s in row[::p])
+        tables[rid] = table
+        cached[rid] = kv.cache_protected_len // p
+        for b in table:
+            ref_cnt[b] += 1
+    nodes, keys, key_tokens, page_node = walk_tree(c)
+    block_key: list[bytes | None] = [None] * n
+    block_key_tokens: list[int | None] = [None] * n
+    held: dict[bytes, tuple[int, ...]] = {}
+    for b, key in keys.items():
+        block_key[b], block_key_tokens[b] = key, key_tokens[b]
+        held[key] = (*held.get(key, ()), b)
+    reads = [[rid, b, page_node[b]] for rid, t in tables.items() for b in t if b in page_node]
+    facts = {
+        "sizes": {"full": _sizes(c)},
+        "tree": nodes,
+        "sanity": _sanity(c),
+        "live": len(live),
+        "reads": reads,
+        "rows": rows,
+        "page_size": p,
+    }
+    return Observation(
+        tables=(tables,),
+        num_cached_block=(cached,),
+        ref_cnt=tuple(ref_cnt),
+        free_queue=tuple(int(b) for b in _free_pages(c)),
+        block_key=tuple(block_key),
+        cached=held,
+        request_block_hashes={rid: tuple(x.hashes.block_hashes) for rid, x in natives.items()},
+        block_key_tokens=tuple(block_key_tokens),
+        facts=facts,
+    )
+
+
+def walk_tree(c: SglangCache) -> tuple[list[list[Any]], dict[int, bytes], dict[int, int], dict[int, int]]:
+    """The tree, walked from the root: its nodes (``[node, parent, tokens, lock_ref, "full"]``), and
+    per page it holds the page's key, the tokens the key covers and its node."""
+    full = c.sg["ComponentType"].FULL
+    p = c.page_size
+    nodes: list[list[Any]] = []
+    keys: dict[int, bytes] = {}
+    key_tokens: dict[int, int] = {}
+    page_node: dict[int, int] = {}
+    root = c.tree.tree_core.root_node
+    stack: list[tuple[Any, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
+    while stack:
+        node, before = stack.pop()
+        data = node.component_data[full]
+        tokens = tuple(node.key.token_ids)
+        path = before + tokens
+        value = [] if data.value is None else data.value.tolist()
+        nodes.append([node.id, node.parent.id if node.parent is not None else None, len(value), data.lock_ref, "full"])
+        if value:
+            hashes = path_hashes(c.config, path, node.key.extra_key, node.key.cache_salt)
+            for i in range(0, len(value), p):
+                depth = (len(before) + i) // p
+                page = value[i] // p
+                page_node[page] = node.id
+                if depth < len(hashes):
+                    keys[page] = make_block_key(hashes[depth], GroupId(0))
+                    key_tokens[page] = (depth + 1) * p
+        stack.extend((child, path) for child in node.children.values())
+    return nodes, keys, key_tokens, page_node
+
+
+PAD_BASE = 1 << 40
+"""Pad values lie above every vocabulary (SGLang's own are hashes below 2**30, past its vocabularies)."""
+_PADS: dict[int, tuple[str, int, int]] = {}  # pad value -> (item identifier, placeholder token, item length)
+
+
+def get_pad_value(identifier: str, token: int, length: int) -> int:
+    """The pad value of a multimodal item's placeholder ``token`` (deterministic: equal items pad
+    alike in every run, as SGLang's hash of the item does).  An item's identifier fixes its length
+    (its content fixes its placeholder count)."""
+    digest = hashlib.sha256(f"{identifier}\0{token}".encode()).digest()
+    pad = PAD_BASE + int.from_bytes(digest[:6], "big")
+    _PADS[pad] = (identifier, token, length)
+    return pad
+
+
+def unpad(path: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[MMFeature, ...]]:
+    """A tree path's tokens with pad values turned back into placeholder tokens, and its items: a
+    run of one identifier's pads is a run of items of that identifier's length (an item cut by the
+    path's end keeps its whole length, as the request that inserted it had it)."""
+    tokens, items = list(path), []
+    p = 0
+    while p < len(path):
+        if path[p] not in _PADS:
+            p += 1
+            continue
+        identifier, _, length = _PADS[path[p]]
+        items.append(MMFeature(identifier, p, length))
+        for q in range(p, min(p + length, len(path))):
+            tokens[q] = _PADS[path[q]][1] if path[q] in _PADS else path[q]
+        p += length
+    return tuple(tokens), tuple(items)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chain(
+    config: KVCacheConfig, path: tuple[int, ...], extra_key: str | None, salt: str | None
+) -> tuple[BlockHash, ...]:
+    lora = None
+    if extra_key is not None and extra_key.startswith("lora:"):
+        name, _, where = extra_key[len("lora:") :].partition(":")
+        lora = (name, where)
+    tokens, items = unpad(path)
+    req = make_request("tree-path", tokens, config, lora=lora, mm_features=items, cache_salt=salt)
+    bs, hbs = config.groups[0].block_size, config.hash_block_size
+    return tuple(get_group_block_hashes(req.block_hashes, hbs, bs, config.profile))
+
+
+def path_hashes(
+    config: KVCacheConfig, path: tuple[int, ...], extra_key: str | None, salt: str | None
+) -> tuple[BlockHash, ...]:
+    """kvspec's hashes of a tree path's full pages, under the path's namespace (LoRA name and path,
+    cache salt: ``harness.sglang.target.get_extra_key``), as the config hashes a request's."""
+    if not path:
+        return ()
+    return _chain(config, path, extra_key, salt)
+
+
+def _sizes(c: SglangCache) -> dict[str, int]:
+    return {
+        "available": int(c.allocator.available_size()),
+        "evictable": int(c.tree.evictable_size()),
+        "protected": int(c.tree.protected_size()),
+        "total": c.num_pages * c.page_size,
+    }
+
+
+def _sanity(c: SglangCache) -> str | None:
+    try:
+        c.tree.sanity_check()
+    except AssertionError as e:
+        return str(e).strip().splitlines()[0][:300] or "AssertionError"
+    return None
+
+
+def _free_pages(c: SglangCache) -> list[int]:
+    """The allocator's free pages, in its order (page size 1: its free slots are its pages)."""
+    pages: list[int] = c.allocator.free_pages.tolist()
+    release = getattr(c.allocator, "release_pages", None)
+    if release is not None and len(release):
+        pages += release.tolist()
+    return pages

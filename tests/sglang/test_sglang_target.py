@@ -1,0 +1,92 @@
+"""The ``sglang`` target: SGLang 0.5.23's radix cache driven as its scheduler drives it, held to the
+engine-neutral invariants, SGLang's own and the KV ledger, and not to vLLM's policy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sglang_cases import fuzz, needs_sglang
+
+from kvspec.harness.check.lockstep import Lockstep
+from kvspec.harness.check.obs_invariants import ObsContext, check_observation
+from kvspec.harness.check.settings import CheckSettings
+from kvspec.harness.core import ops as O
+from kvspec.spec.config import KVCacheConfig, full_attention
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_without_sglang_the_target_says_how_to_get_it(tmp_path: Path) -> None:
+    env = {**os.environ, "KVSPEC_SGLANG_VENV": str(tmp_path / "no-venv")}
+    kvspec = Path(sys.executable).parent / "kvspec"
+    r = subprocess.run(
+        [str(kvspec), "fuzz", "--target", "sglang", "--seconds", "5", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "ci/setup --sglang" in r.stderr and "KVSPEC_SGLANG_VENV" in r.stderr
+
+
+def twins() -> list[O.Op]:
+    """Two requests with one 10-token prompt admitted in one step (both miss), computed, then a third
+    that repeats it: SGLang inserts the first at its checkpoint and repoints the second's row."""
+    p = tuple(range(1, 11))
+    ops: list[O.Op] = []
+    for rid in ("a", "b"):
+        ops += [O.AddRequest(rid, p), O.GetComputedBlocks(rid), O.AllocateSlots(rid, 10, use_computed_blocks=True)]
+        ops += [O.SetStatus(rid, "RUNNING")]
+    for rid in ("a", "b"):
+        ops += [O.SetNumComputedTokens(rid, 10)]
+    for rid in ("a", "b"):
+        ops += [O.AppendOutputTokens(rid, (20,))]
+    ops += [O.Free("a"), O.Free("b"), O.AddRequest("c", p), O.GetComputedBlocks("c")]
+    return ops
+
+
+@needs_sglang
+def test_a_twin_is_repointed_to_the_trees_copy_and_the_ledger_accepts_it() -> None:
+    from kvspec.harness.sglang.target import SglangTarget
+
+    config = KVCacheConfig(16, (full_attention(2),), 64)
+    target = SglangTarget()
+    ls = Lockstep(config, target, CheckSettings(relation="invariants"))
+    ls.start()
+    seen = {}
+    for op in twins():
+        out = ls.apply(op)  # a broken invariant or ledger rule raises FindingError
+        obs = target.observe()
+        if isinstance(op, O.AppendOutputTokens):
+            seen[op.request_id] = obs.tables[0]
+    a, b = seen["a"]["a"], seen["b"]["b"]
+    assert len(a) == len(b) == 5
+    assert a == b  # b's row now holds the tree's copy: a's pages
+    assert out == {"block_ids": [list(a[:4])], "num_hit_tokens": 8}  # c hits a's first 4 pages
+    obs = target.observe()
+    assert set(a) - set(obs.free_queue) == set(a)  # kept in the tree, out of the free pool
+    # The same state under vLLM's policy: unreferenced keyed pages outside the free queue break it.
+    vllm = {v.name for v in check_observation(obs, config, ObsContext(requests=ls.book.requests, engine="vllm"))}
+    assert "free_iff_unreferenced" in vllm
+
+
+@needs_sglang
+@pytest.mark.parametrize("family", ["full", "request_keys", "no_cache", "v0_20"])
+def test_a_fuzz_run_of_the_real_radix_cache_is_clean(family: str) -> None:
+    from kvspec.harness.sglang.target import SglangTarget
+
+    stats = fuzz(SglangTarget, family, seed=3, examples=25)
+    assert stats.finding is None, stats.finding
+    assert stats.examples >= 10 and stats.steps > 500, (stats.examples, stats.steps)
+
+
+def test_the_ci_sglang_pins_install_sglang_and_never_torchvision() -> None:
+    pins = (ROOT / "ci/sglang/requirements-0.5.23.txt").read_text().splitlines()
+    names = [p.split("==")[0].strip().lower() for p in pins if p.strip() and not p.startswith("#")]
+    assert "sglang" in names and "torchvision" not in names and "torch" not in names
+    assert all("==" in p for p in pins if p.strip() and not p.startswith("#"))
