@@ -3,7 +3,7 @@
 (its sizes, its sanity check) is part of what a bug can get wrong.
 
 Each names the check written to catch it (``intended``): an engine-neutral invariant, one of
-SGLang's own (``spec.invariants.state_sglang``) or the KV ledger (tests/sglang/test_sglang_mutants.py
+SGLang's own (``spec.invariants.state_sglang``) or the KV ledger (tests/sglang_target/test_sglang_mutants.py
 runs each and asserts that check caught it).  The slips are the kinds of bug SGLang has shipped
 (docs/sglang.md): a lock leaked, a split losing KV, a page read while evictable, a double free, a
 size that double-counts, a match pointing at the wrong slots.  A sliding-window slip needs the

@@ -116,6 +116,7 @@ SGLANG_MODULES = (
 )
 """Every SGLang module the target and its mutants use, imported while the stub is in place."""
 
+
 def is_sglang_there() -> bool:
     """Is there an SGLang to load (its venv, or SGLang importable here)?  Nothing is imported."""
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import struct
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -329,10 +329,12 @@ def run_seeded(
     *,
     on_op: Callable[[O.Op, Any], None] | None = None,
     features: frozenset[str] = frozenset(),
+    sched_limits: Mapping[str, Any] | None = None,
 ) -> Workload:
     """Reset ``target`` and drive it alone through ``actions`` workload actions chosen by a
     ``random.Random(seed)``; exceptions of the target propagate.  ``on_op(op, outcome)`` sees
-    every operation applied."""
+    every operation applied; ``sched_limits`` fixes scheduler knobs after the draw (a target's
+    ``sched_limits``, ``harness.targets.base``)."""
     rng = random.Random(seed)
     ch = SeededChoices(rng)
 
@@ -344,6 +346,8 @@ def run_seeded(
 
     target.reset(config)
     sc = draw_sched_config(ch, config, features=features)
+    if sched_limits:
+        sc = replace(sc, **sched_limits)
     w = Workload(config, sc, emit, lambda rid: target.observe().tables[0].get(rid, ()), ch)
     w.sched.transfers.load_reservation = getattr(target, "load_reservation", None)  # the spec's, when it is the target
     for _ in range(actions):

@@ -24,10 +24,13 @@ Every invariant the spec checks, in registry order (the order in which violation
 A **state** invariant holds on every state (`kvspec.spec.invariants.check_invariants`); a **step**
 invariant relates the states before and after one manager operation (`kvspec.spec.invariants.check_step`).
 The rule column links to its statement in [semantics.md](semantics.md): §9.n are the numbered
-invariants, P1-P7 the operation postconditions.
+invariants, P1-P7 the operation postconditions, §12 SGLang's radix cache.  The engine column says
+what an invariant assumes: `neutral` ones hold for any correct block cache and are checked on every
+target; a `vllm` or `sglang` one states that engine's policy and is checked only on a target of that
+engine (a target declares its engine: docs/targets.md).
 
-| # | name | kind | rule | what it says |
-|---|---|---|---|---|
+| # | name | kind | engine | rule | what it says |
+|---|---|---|---|---|---|
 """
 
 
@@ -59,5 +62,6 @@ def render_invariant_table() -> str:
     rows = []
     for n, inv in enumerate(SPEC_INVARIANTS.values(), start=1):
         rules = ", ".join(f"[{c}](semantics.md#{get_rule_anchor(c)})" for c in get_rule_citations(inv))
-        rows.append(f"| {n} | `{inv.name}` | {inv.kind} | {rules} | {_cell(get_summary(inv))} |\n")
+        engine = "neutral" if inv.engines is None else ", ".join(inv.engines)
+        rows.append(f"| {n} | `{inv.name}` | {inv.kind} | {engine} | {rules} | {_cell(get_summary(inv))} |\n")
     return _HEADER + "".join(rows)

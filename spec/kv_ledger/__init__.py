@@ -7,6 +7,8 @@ the read, and nobody else changes it.  It needs no numbers: the KV at a position
 exact identity (``identity``: an interned prefix-trie node), the ledger records which identity each
 slot holds (``ledger``), and named predicates (``invariants``, one registry) check every write,
 read and publication a step makes.  ``harness.ledger.checker`` feeds it from any target's observed tables.
+Nothing here is one engine's: the same ledger holds vLLM and SGLang (docs/sglang.md), and a row
+repointed to a cached copy reads right exactly when the copy holds the same identity.
 
 Imports: spec.
 """

@@ -15,6 +15,7 @@ from kvspec.harness.run.options import MutantsOptions
 FAST = ("--seconds", "30", "--shrink-seconds", "1", "--out", "reports")
 
 
+@pytest.mark.full  # about 14 s; a surviving mutant failing the campaign stays in the default tier
 def test_campaign_table_names_the_killing_checks(tmp_path):
     r = kvspec("mutants", "--only", "free_order_appended,null_block_queued", *FAST, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -115,6 +115,7 @@ def test_family_reaches_its_actions(family, full_tier):
     assert not missing, f"{family} never reached {missing} in 5 x {examples} examples; counts: {counts}"
 
 
+@pytest.mark.full  # about 20 s; the coverage check it controls is full-tier too (but async_sched)
 def test_an_action_the_workload_stops_reaching_fails_the_check(monkeypatch):
     """The deliberate bug: aborts never enabled; the cheap run of the default tier names them."""
     import dataclasses

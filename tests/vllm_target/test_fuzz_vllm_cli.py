@@ -44,5 +44,6 @@ def test_fuzz_vllm_against_the_spec(tmp_path, full_tier):
     run_fuzz(tmp_path, "--seconds", "45" if full_tier else "8")
 
 
+@pytest.mark.full  # about 16 s; the fuzz of vLLM against the spec stays in the default tier
 def test_fuzz_vllm_kv_contents(tmp_path, full_tier):
     run_fuzz(tmp_path, "--seconds", "30" if full_tier else "6", "--kv-check")

@@ -76,7 +76,15 @@ def test_a_twin_is_repointed_to_the_trees_copy_and_the_ledger_accepts_it() -> No
 
 
 @needs_sglang
-@pytest.mark.parametrize("family", ["full", "request_keys", "no_cache", "v0_20"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "full",
+        "request_keys",
+        pytest.param("no_cache", marks=pytest.mark.full),
+        pytest.param("v0_20", marks=pytest.mark.full),
+    ],
+)
 def test_a_fuzz_run_of_the_real_radix_cache_is_clean(family: str) -> None:
     from kvspec.harness.sglang.target import SglangTarget
 
@@ -90,3 +98,16 @@ def test_the_ci_sglang_pins_install_sglang_and_never_torchvision() -> None:
     names = [p.split("==")[0].strip().lower() for p in pins if p.strip() and not p.startswith("#")]
     assert "sglang" in names and "torchvision" not in names and "torch" not in names
     assert all("==" in p for p in pins if p.strip() and not p.startswith("#"))
+
+
+@needs_sglang
+def test_the_engine_comparison_runs_both_engines_on_one_workload() -> None:
+    from kvspec.harness.sglang.compare import CONFIGS, ENGINES, compare, run_one
+
+    config = CONFIGS["page 4, 24 blocks"]
+    vllm, sglang = (run_one(factory, config, seed=1, actions=150) for factory in ENGINES.values())
+    for r in (vllm, sglang):
+        assert 0.0 <= r.hit_rate <= 1.0 and 0.0 <= r.kept <= 1.0 and r.preemptions >= 0
+    assert vllm.hit_rate > 0 and sglang.hit_rate > 0  # the world repeats prompts: both engines hit
+    table = compare(seeds=1, actions=30)
+    assert table.count("SGLang - vLLM (paired)") == len(CONFIGS)
