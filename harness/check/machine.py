@@ -278,6 +278,9 @@ class KVMachine(RuleBasedStateMachine):
         ch = DrawChoices(data)
         sc = draw_sched_config(ch, config, features=features)
         if limits := get_sched_limits(target):  # scheduler features the target's engine does not have
+            unknown = set(limits) - {f.name for f in dataclasses.fields(sc)}
+            if unknown:
+                raise ValueError(f"the target's sched_limits name no scheduler knob: {sorted(unknown)}")
             sc = dataclasses.replace(sc, **limits)
         if self.checks.kv_check and sc.async_scheduling and sc.num_spec_tokens:
             # The KV-content oracle does not model draft placeholders under async scheduling yet.

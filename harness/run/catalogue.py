@@ -106,7 +106,12 @@ def resolve(name: str, assume_release: str | None = None) -> CatalogueEntry:
         raise
     except BaseException as e:  # noqa: BLE001 - SystemExit from a user's module or factory must not end kvspec
         raise TargetLoadError(f"target {name!r}: loading it raised {type(e).__name__}: {e}") from None
-    raise TargetLoadError(f"unknown target {name!r}: use {', '.join(BUILTIN)}, mutant:NAME or package.module:factory")
+    from kvspec.harness.world.families import did_you_mean
+
+    hint = did_you_mean(name, BUILTIN)
+    raise TargetLoadError(
+        f"unknown target {name!r}{hint} (use {', '.join(BUILTIN)}, mutant:NAME or package.module:factory)"
+    )
 
 
 def fuzz_target(opts: FuzzOptions) -> CatalogueEntry:
@@ -262,8 +267,11 @@ def _mutant_entry(name: str, assume_release: str | None) -> CatalogueEntry:
 
     mutant = find_mutant(name[len(MUTANT_PREFIX) :])
     if mutant is None:
-        known = ", ".join(sorted(m.name for m in all_mutants()))
-        raise TargetLoadError(f"unknown mutant {name[len(MUTANT_PREFIX) :]!r} (known: {known})")
+        from kvspec.harness.world.families import did_you_mean
+
+        names = sorted(m.name for m in all_mutants())
+        given = name[len(MUTANT_PREFIX) :]
+        raise TargetLoadError(f"unknown mutant {given!r}{did_you_mean(given, names)} (known: {', '.join(names)})")
     if mutant.target == "vllm-scheduler":
         return _scheduler(assume_release, name, mutant.name)
     if mutant.target == "vllm-engine":

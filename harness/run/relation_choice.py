@@ -57,8 +57,9 @@ def invariant_set(engine: str) -> str:
 
 def choose_relation(given: str | None, entry: CatalogueEntry) -> RelationChoice:
     """The relation for the target of ``entry``, ``given`` on the command line or None, and the
-    engine whose invariants are in force (the entry's, else the target's own ``engine``)."""
-    engine = entry.engine or _declared_engine(entry.factory)
+    engine whose invariants are in force (the entry's; a built-in target that names none is vLLM's
+    kind; a user's target says with its ``engine``)."""
+    engine = entry.engine or ("vllm" if entry.builtin else _declared_engine(entry.factory))
     if given is not None:
         return RelationChoice(given, "--relation given", engine)
     if entry.relation is not None:

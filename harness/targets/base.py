@@ -17,11 +17,10 @@ A target that models one vLLM release says so with a ``profile`` attribute (a ``
 ``Profile``, e.g. the installed vLLM's): ``bind_release`` then runs every config under that profile.
 A target declares the engine whose policy it follows with an ``engine`` attribute (default ``vllm``;
 ``get_target_engine``): the invariants in force are the engine-neutral ones and that engine's policy
-(``spec.invariants``). A target of another engine may also fix scheduler knobs (``sched_limits``) and
-decline whole families with a reason (``declined_families``). A target that cannot model an operation
-or config raises ``Unsupported`` (the
-harness then skips that family or step kind for this target, and says so); any other exception is a
-finding.
+(``spec.invariants``). A target of another engine may also fix scheduler knobs (``sched_limits``)
+and decline whole families with a reason (``declined_families``). A target that cannot model an
+operation or config raises ``Unsupported`` (the harness then skips that family or step kind for this
+target, and says so); any other exception is a finding.
 """
 
 from __future__ import annotations

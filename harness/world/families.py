@@ -313,5 +313,21 @@ def parse_families(text: str) -> list[str]:
         return list(REGISTRY)
     bad = [n for n in names if n not in REGISTRY]
     if bad:
-        raise ValueError(f"unknown family {', '.join(bad)} (known: {', '.join(REGISTRY)}, all)")
+        hint = did_you_mean(bad[0], [*REGISTRY, "all"])
+        raise ValueError(f"unknown family {', '.join(bad)}{hint} (known: {', '.join(REGISTRY)}, all)")
     return names
+
+
+def did_you_mean(name: str, known: Collection[str]) -> str:
+    """``"; did you mean X?"`` for the known name closest to ``name`` (a typo, another spelling:
+    ``slidingwindow``, ``Sliding-Window``), or ``""`` when none is close."""
+    import difflib
+
+    def norm(s: str) -> str:
+        return s.lower().replace("-", "").replace("_", "")
+
+    by_norm = {norm(k): k for k in known}
+    if norm(name) in by_norm:
+        return f"; did you mean {by_norm[norm(name)]}?"
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""

@@ -53,8 +53,11 @@ def fake_module(monkeypatch):
         ("kvspec_fake_targets:value", "is not callable"),
         ("kvspec_fake_targets:raises", "its factory raised RuntimeError: no GPU here"),
         ("kvspec_fake_targets:not_a_target", "lacks name, version, reset, apply, observe"),
-        ("vllmish", "unknown target 'vllmish'"),
-        ("mutant:nope", "unknown mutant 'nope'"),
+        ("vllmish", "unknown target 'vllmish'; did you mean vllm?"),
+        ("sglnag", "unknown target 'sglnag'; did you mean sglang?"),
+        ("VLLM_Scheduler", "unknown target 'VLLM_Scheduler'; did you mean vllm-scheduler?"),
+        ("mutant:nope", "unknown mutant 'nope' (known:"),
+        ("mutant:cache_draft", "unknown mutant 'cache_draft'; did you mean cache_drafts?"),
         ("kvspec_fake_targets:exits", "loading it raised SystemExit"),
     ],
 )
@@ -93,6 +96,10 @@ def test_cli_exits_2_on_unloadable_target(fake_module, capsys):
 
 def test_cli_usage_errors_exit_2(capsys, tmp_path):
     assert main(["fuzz", "--family", "fullish", "--seconds", "1"]) == 2
-    assert "unknown family fullish" in capsys.readouterr().err
+    assert "unknown family fullish; did you mean full?" in capsys.readouterr().err
+    assert main(["fuzz", "--family", "slidingwindow", "--seconds", "1"]) == 2
+    assert "unknown family slidingwindow; did you mean sliding_window?" in capsys.readouterr().err
+    assert main(["fuzz", "--family", "zzz", "--seconds", "1"]) == 2
+    assert "unknown family zzz (known:" in capsys.readouterr().err  # nothing close: no guess
     assert main(["fuzz", "--relation", "roughly", "--seconds", "1"]) == 2
     assert main(["frobnicate"]) == 2
