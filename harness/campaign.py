@@ -106,7 +106,10 @@ class Row:
 
 def add_parser(sub: Any) -> None:
     D = MutantsOptions  # the defaults (class attributes of the dataclass), so the two cannot drift
-    m = sub.add_parser("mutants", help="run the deliberate-bug catalogue as a campaign; exit 1 if a mutant survives")
+    from kvspec.harness.run.options import DefaultsShown
+
+    what = "run the deliberate-bug catalogue as a campaign; exit 1 if a mutant survives"
+    m = sub.add_parser("mutants", help=what, formatter_class=DefaultsShown)
     m.add_argument(
         "--target", default=D.target, help="pkg.module:factory: run that manager's own mutants (see --mutants)"
     )

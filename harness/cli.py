@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvspec.harness.run.exits import EXIT_OK, EXIT_USAGE, exit_on_signal
-from kvspec.harness.run.options import FuzzOptions, MutantsOptions, UsageError
+from kvspec.harness.run.options import DefaultsShown, FuzzOptions, MutantsOptions, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,13 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-TARGETS_HELP = "spec, vllm, impl, vllm-fixed, vllm-scheduler, vllm-engine, mutant:NAME or package.module:factory"
+TARGETS_HELP = (
+    "spec, vllm, impl, vllm-fixed, vllm-scheduler, vllm-engine, sglang, mutant:NAME or package.module:factory"
+)
 
 
 def _add_fuzz(sub: Any) -> None:
     """``kvspec fuzz``: its options, the defaults read from ``FuzzOptions`` (so the two cannot drift)."""
     D = FuzzOptions
-    f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds")
+    f = sub.add_parser("fuzz", help="fuzz a target against the spec for N seconds", formatter_class=DefaultsShown)
     f.add_argument("--target", default=D.target, help=TARGETS_HELP)
     f.add_argument("--family", default="all", help="comma-separated config families, or 'all'")
     f.add_argument(

@@ -30,6 +30,17 @@ from kvspec.harness.run.paths import NotAFolder, probe_writable_folder
 T = TypeVar("T")
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option with its default, unless its text already says it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        absent = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "default" in text or absent or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class UsageError(Exception):
     """Bad usage: the message names the option and why (the CLI exits 2 on it)."""
 

@@ -6,7 +6,7 @@ into what SGLang 0.5.23's scheduler does at the same point, calling SGLang's own
 - ``get_computed_blocks``: ``Req.init_next_round_input`` (a waiting request's match,
   ``common.match_kv_cache``, capped at ``len - 1`` and at a logprob start);
 - the first ``allocate_slots`` of a request: admission (``UnifiedRadixCache.lock`` on the matched
-  node, the budget test of ``PrefillAdder``: available plus evictable), then ``alloc_for_extend``'s
+  node, a budget test: the pages fit in available plus evictable tokens), then ``alloc_for_extend``'s
   steps (``alloc_req_slots``, ``alloc_token_slots`` or ``alloc_paged_token_slots_extend``, which
   evict from the tree first, and the row written); later ones extend the row (a chunk, or
   ``alloc_paged_token_slots_decode`` for a decode token);
@@ -283,7 +283,10 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         return [self._row_pages(native, have, seq)]
 
     def _fits(self, have: int, seq: int) -> bool:
-        """SGLang's admission budget: the pages to add fit in available plus evictable tokens."""
+        """The pages to add fit in available plus evictable tokens.  Simpler than SGLang's
+        ``PrefillAdder``, which also holds back room for the running requests' future decode tokens
+        (``new_token_ratio``): this target admits more than SGLang would, and kvspec's world then
+        preempts more (docs/sglang.md)."""
         c = self._c()
         p = c.page_size
         need = (-(-seq // p) - (-(-have // p))) * p
