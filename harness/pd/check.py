@@ -107,11 +107,15 @@ def fuzz_design(design: Any, names: Any, make_mirror: Any, seconds: float, seed:
             return report_finding(design.name, args.target, finding, cls.stats, time.monotonic() - start, args.out)
         batch += 1
         el = time.monotonic() - start
-        print(
-            f"  [{design.name}] {el:6.1f}s  {cls.stats.examples} examples  {cls.stats.steps} steps  no finding",
-            file=sys.stderr,
-            flush=True,
-        )
+        if sys.stderr.isatty():  # progress is for a person watching; a log gets the summary line only
+            print(
+                f"\r  [{design.name}] {el:6.1f}s  {cls.stats.examples} examples  {cls.stats.steps} steps  no finding",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     el = time.monotonic() - start
     print(
         f"kvspec pd check: {design.name}: no finding; target {args.target}, "

@@ -113,11 +113,14 @@ def test_slo_metrics_and_published_shapes():
     assert light.slo_attainment > heavy.slo_attainment and 5 < light.tpot_ms < 50
 
 
-def test_check_command_exit_codes(tmp_path):
+def test_check_command_exit_codes(tmp_path, capsys):
     from kvspec.harness.cli import main
 
     assert main(["pd", "check", "--scenarios"]) == 0
+    capsys.readouterr()
     assert main(["pd", "check", "--design", "proposal", "--seconds", "2", "--batch", "10", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "proposal: no finding" in out and "[proposal]" not in err  # no progress lines to a non-terminal
     assert (
         main(
             [
