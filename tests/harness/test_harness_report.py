@@ -1,5 +1,7 @@
 """Report folders: atomic, complete, replayable; drawings show the numbers."""
 
+import dataclasses
+import os
 import subprocess
 import sys
 
@@ -58,6 +60,20 @@ def test_generated_pytest_file_replays(tmp_path):
         cwd=".",
     )
     assert r.returncode == 0, r.stdout + r.stderr  # recorded outcomes are the spec's: it behaves as recorded
+
+
+def test_generated_pytest_file_fails_when_its_target_cannot_be_loaded(tmp_path):
+    trace = dataclasses.replace(_finding_trace(), target_name="sglang")
+    path = write_report(tmp_path, trace)
+    env = {**os.environ, "KVSPEC_SGLANG_VENV": str(tmp_path / "no-venv")}  # the target is not there
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr  # failed, not skipped: a broken adapter is not a green corpus
+    assert "cannot be loaded here, so the trace was not replayed" in r.stdout
 
 
 def test_token_layout_numbers():
