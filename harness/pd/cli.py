@@ -37,7 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     add_check_arguments(sub.add_parser("check", help="fuzz the protocols against their safety rules"))
     add_verify_arguments(sub.add_parser("verify", help="exhaustive model check within stated bounds"))
     s = sub.add_parser("simulate", help="measure, simulate and draw the figures")
-    s.add_argument("--out", default="docs/figures", help="folder for the PNGs and the JSON results")
+    s.add_argument(
+        "--out",
+        default="kvspec-reports/pd-sim",
+        help="folder for the PNGs, the table and the JSON results (default kvspec-reports/pd-sim; "
+        "--out docs/figures regenerates the published ones)",
+    )
     s.add_argument("--requests", type=int, default=1000, help="requests per simulated point")
     s.add_argument("--seed", type=int, default=1, help="the first seed")
     s.add_argument("--seeds", type=int, default=10, help="seeds per point (95%% intervals need at least 2)")
@@ -84,9 +89,9 @@ def simulate_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    costs = _manager_costs(args.measure, out / COSTS_FILE)
+    costs, measured = _manager_costs(args.measure, out / COSTS_FILE)
     points = sweep(workloads, loads, args.requests, args.seed, costs, progress=_say, seeds=args.seeds)
-    written = _write_results(args, out, loads, points, aggregate(points))
+    written = [*measured, *_write_results(args, out, loads, points, aggregate(points))]
     _say(f"done in {time.monotonic() - start:.1f}s; wrote " + ", ".join(str(p) for p in written))
     return EXIT_OK
 
@@ -127,9 +132,10 @@ def _simulate_choices(args: argparse.Namespace) -> tuple[list[str], tuple[float,
     return workloads, loads
 
 
-def _manager_costs(measure: bool | None, costs_path: Path) -> Any:
+def _manager_costs(measure: bool | None, costs_path: Path) -> tuple[Any, list[Path]]:
     """vLLM's manager call costs: measured now (``--measure``; by default when vLLM is installed) and
-    stored, else the stored ones, else none (they count as 0)."""
+    stored, else the stored ones, else none (they count as 0); and the files written (the costs, when
+    measured)."""
     from kvspec.harness.pd.sim import inputs as X
     from kvspec.harness.pd.sim.measure import measure_manager_costs, read_costs, write_costs
 
@@ -146,7 +152,7 @@ def _manager_costs(measure: bool | None, costs_path: Path) -> Any:
     costs = X.ManagerCosts(read_costs(costs_path) if costs_path.exists() else None)
     if not costs.table:
         _say("no measured manager costs (vLLM not installed, none stored): they count as 0")
-    return costs
+    return costs, [costs_path] if measure else []
 
 
 def _write_results(

@@ -46,8 +46,11 @@ def test_manager_costs_interpolate():
     assert X.ManagerCosts(None).admission(10) == 0.0
 
 
-def test_simulate_command(tmp_path):
+def test_simulate_command(tmp_path, capsys):
     from kvspec.harness.cli import main
+    from kvspec.harness.pd.cli import _parser
+
+    assert not _parser().parse_args(["simulate"]).out.startswith("docs")  # tracked files only when asked
 
     rc = main(
         [
@@ -68,6 +71,8 @@ def test_simulate_command(tmp_path):
         ]
     )
     assert rc == 0
+    wrote = capsys.readouterr().err.split("; wrote ")[-1].strip().split(", ")
+    assert sorted(wrote) == sorted(str(p) for p in tmp_path.iterdir())  # every file it wrote, said
     results = json.loads((tmp_path / "pd-sim-results.json").read_text())
     points = results["points"]
     assert sorted(p["protocol"] for p in points) == sorted(PROTOCOLS * 3)
