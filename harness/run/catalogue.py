@@ -335,11 +335,12 @@ def replay_target(trace: Trace, path: str | Path, target: str | None, trust: boo
     )
 
 
-def replay_recorded(trace: Trace, where: str, target: str | None = None) -> ReplayResult:
+def replay_recorded(trace: Trace, where: str, target: str | None = None, strict_known: bool = False) -> ReplayResult:
     """``trace`` replayed on ``target`` (default: its recorded, built-in one) by that target's driver:
-    what a report's pytest file runs."""
+    what a report's pytest file runs (``strict_known``: a known target bug fails it too, as the
+    pytest file of a known bug's report asks)."""
     entry = resolve(replay_target(trace, where, target, trust=False))
-    return entry.replay(trace, where)
+    return entry.replay(trace, where, replace(DEFAULT_CHECKS, strict_known=strict_known))
 
 
 # --- start-up --------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ TRACE = Path(__file__).with_name("trace.json")
 
 def test_replay_{ident}() -> None:
     try:
-        result = replay_recorded(read_trace(TRACE), str(TRACE), {target!r})
+        result = replay_recorded(read_trace(TRACE), str(TRACE), {target!r}, strict_known={strict})
     except TargetLoadError as e:  # a replay that cannot run is no pass: deselect it where the target is absent
         pytest.fail(f"target {target!r} cannot be loaded here, so the trace was not replayed: {{e}}")
     assert result.ok, result.message
@@ -63,7 +63,8 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
         (tmp / "trace.json").write_text(dumps_trace(trace), encoding="utf-8")
         ident = "".join(c if c.isalnum() else "_" for c in dest.name)
         (tmp / f"test_replay_{ident}.py").write_text(
-            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name), encoding="utf-8"
+            REPLAY_TEST.format(name=dest.name, ident=ident, target=trace.target_name, strict=is_known_bug(trace)),
+            encoding="utf-8",
         )
         (tmp / "report.md").write_text(render_report(trace), encoding="utf-8")
         mask = os.umask(0o022)  # reading the umask means setting it: put back at once
@@ -97,7 +98,7 @@ def render_report(trace: Trace) -> str:
         f"- target: `{trace.target_name}` {trace.target_version}".rstrip(),
         f"- family: `{trace.family}`, seed: `{trace.seed}`, profile: `{trace.profile}`, relation: `{trace.relation}`",
         f"- config: {_config_line(trace)}",
-        f"- replay: `{_replay_command(trace)}` (exit 1 while the finding is there)",
+        f"- replay: {_replay_line(trace)}",
         "",
         f"## Steps ({len(trace.steps)}, shrunk)",
         "",
@@ -141,6 +142,23 @@ def _engine_section(trace: Trace, f: dict[str, Any]) -> list[str]:
         lines += ["", f"### The engine's last {len(last)} manager calls (of {w.get('manager_calls', '?')})", "", "```"]
         lines += [json.dumps(c, separators=(",", ":"))[:300] for c in last] + ["```"]
     return lines
+
+
+def is_known_bug(trace: Trace) -> bool:
+    """Does the trace record a known target bug (``harness.ledger.known_bugs``: its finding's message
+    names it)?  A plain replay counts such a bug as known and passes; ``--strict-known`` fails on it."""
+    return str((trace.finding or {}).get("message", "")).startswith("known bug K")
+
+
+def _replay_line(trace: Trace) -> str:
+    """How to replay the report, and what the replay says while the finding is there."""
+    if is_known_bug(trace):
+        return (
+            f"`{_replay_command(trace)} --strict-known` (exit 1 while the bug is there; without "
+            "`--strict-known` a replay counts it as the known bug it is and exits 0; this folder's pytest "
+            "file replays it strictly)"
+        )
+    return f"`{_replay_command(trace)}` (exit 1 while the finding is there)"
 
 
 def _replay_command(trace: Trace) -> str:

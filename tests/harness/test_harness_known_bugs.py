@@ -1,5 +1,8 @@
 """Known target bugs are data (harness/ledger/known_bugs.py): counted and reported once, never steering."""
 
+import subprocess
+import sys
+
 from kvspec.harness.cli import main
 from kvspec.harness.ledger.known_bugs import KNOWN_BUGS, match_known_bug
 
@@ -44,9 +47,21 @@ def test_known_bugs_are_counted_not_failed_unless_strict(tmp_path, capsys, monke
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "known bug K1 (window_full_remote_load):" in out
-    assert (tmp_path / "a" / "known-K1-window_full_remote_load" / "trace.json").is_file()
+    report = tmp_path / "a" / "known-K1-window_full_remote_load"
+    assert (report / "trace.json").is_file()
     assert main([*args, "--out", str(tmp_path / "b"), "--strict-known"]) == 1
     assert "kv-ledger" in capsys.readouterr().out
+    # The known bug's report is honest about replay: a plain replay counts the bug and passes, the
+    # strict one (what report.md says, and the folder's pytest file runs) fails while it is there.
+    assert "--strict-known` (exit 1 while the bug is there" in (report / "report.md").read_text()
+    assert main(["replay", str(report)]) == 0
+    assert main(["replay", str(report), "--strict-known"]) == 1
+    (test_file,) = report.glob("test_replay_*.py")
+    assert "strict_known=True" in test_file.read_text()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)], capture_output=True, text=True
+    )
+    assert r.returncode == 1, r.stdout[-2000:]  # fails while K1 is there
 
 
 def test_fuzz_options_do_not_leak_into_the_environment(tmp_path, monkeypatch):
