@@ -135,11 +135,20 @@ class Lockstep:
             self._full_check(Step(len(self.steps) - 1, op, out, out), ledger=False)
 
     def _count(self, op: O.Op) -> int:
-        """The operation's index; counted by kind, and given to the book when the spec does not run."""
+        """The operation's index; counted by kind, and given to the book when the spec does not run
+        (the book rejecting it, e.g. an operation on a request never added, is a ``reference-raised``
+        finding, as the spec's rejection is under the other relations)."""
         self.op_counts[op.op] = self.op_counts.get(op.op, 0) + 1
+        i = len(self.steps)
         if self.ref is None and isinstance(op, O.REQUEST_OPS):
-            self.book.apply(op)
-        return len(self.steps)
+            try:
+                self.book.apply(op)
+            except Exception as e:
+                self.steps.append((op, None))
+                message = f"the scheduler's request book rejected the operation: {type(e).__name__}: {e}"
+                finding = Finding("reference-raised", i, message, op_to_json(op), traceback=traceback.format_exc())
+                raise FindingError(finding) from None
+        return i
 
     def _apply_reference(self, i: int, op: O.Op) -> Any:
         """The spec's outcome (None when it does not run); the spec rejecting the operation is a

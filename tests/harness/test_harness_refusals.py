@@ -46,3 +46,19 @@ def test_giving_up_with_no_refusal_still_raises(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(machine, "_run", give_up)
     with pytest.raises(Unsatisfiable):
         run(SpecTarget, RunStats())
+
+
+def test_under_the_invariants_relation_a_request_op_the_book_rejects_is_a_finding() -> None:
+    """With no reference spec, the request book stands in for it: an operation on a request never
+    added is a ``reference-raised`` finding (the reducer's candidates drop ``add_request``s and
+    must see this as "not the same finding"), never a crash of the check."""
+    from kvspec.harness.check.finding import FindingError
+    from kvspec.harness.check.lockstep import Lockstep
+    from kvspec.spec.config import KVCacheConfig, full_attention
+
+    ls = Lockstep(KVCacheConfig(8, (full_attention(4),), 32), SpecTarget(), CheckSettings(relation="invariants"))
+    ls.start()
+    with pytest.raises(FindingError) as e:
+        ls.apply(O.SetNumComputedTokens("ghost", 1))
+    assert e.value.finding.kind == "reference-raised" and "never" not in e.value.finding.message
+    assert "unknown request 'ghost'" in e.value.finding.message

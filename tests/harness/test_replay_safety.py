@@ -269,7 +269,8 @@ def test_an_operation_that_cannot_be_applied_departs_from_the_record(
     path.write_text(json.dumps(d))
     assert main(["replay", str(path)]) == 1
     out, err = capsys.readouterr()
-    assert "step 0 (append_output_tokens) cannot be applied" in out and "Traceback" not in out + err
+    assert "step 0 (append_output_tokens)" in out and "Traceback" not in out + err
+    assert "the scheduler's request book rejected the operation" in out and "unknown request 'ghost'" in out
 
 
 def test_a_bad_step_timeout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
