@@ -48,7 +48,9 @@ def _targets() -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("every", [pytest.param(2, marks=pytest.mark.full), 5, None])  # 2: 20 s, the full tier
+@pytest.mark.parametrize(
+    "every", [pytest.param(2, marks=pytest.mark.full), pytest.param(5, marks=pytest.mark.full), None]
+)  # 2: 20 s, 5: 10 s, the full tier
 def test_correct_targets_agree_with_glimpses(runs, every):
     """No false positive: spec, impl and (when installed) vLLM replay the pool benchmark's
     workloads with glimpses between full checks, at every pool size."""

@@ -101,6 +101,7 @@ def test_the_ci_sglang_pins_install_sglang_and_never_torchvision() -> None:
 
 
 @needs_sglang
+@pytest.mark.full  # about 5 s; the comparison's figures are in docs/sglang.md
 def test_the_engine_comparison_runs_both_engines_on_one_workload() -> None:
     from kvspec.harness.sglang.compare import CONFIGS, ENGINES, compare, run_one
 

@@ -49,6 +49,7 @@ print(json.dumps({"differences": [r.detail for r in runs if r.difference], "toge
 """
 
 
+@pytest.mark.full  # about 10 s: two interpreters with different string hashing
 def test_requests_failed_together_agree_whatever_the_string_hashing() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "1"}  # the real order is not the running order here
     proc = subprocess.run(
