@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvspec.harness.core import ops as O
@@ -79,7 +79,8 @@ class SglRequest:
     admitted: bool = False  # holds a row (and a lock on its prefix)
     fill_len: int = 0  # tokens its extend covers: prompt + outputs at admission
     status: str = RequestStatus.WAITING.value
-    extra: dict[str, Any] = field(default_factory=dict)
+    checkpointed: int = 0  # tokens its last checkpoint covered (a new one only past it)
+    released: bool = False  # freed, and not yet told why (a preemption's SetStatus may follow)
 
 
 def get_input_ids(r: BookRequest) -> list[int]:
@@ -154,7 +155,8 @@ class SglangTarget(ManagerAdapter[SglRequest]):
             native.hashes = append_output_token_ids(native.hashes, op.token_ids)
         elif isinstance(op, O.SetStatus):
             native.status = op.status
-            if op.status == RequestStatus.PREEMPTED.value and native.extra.pop("released", False):
+            if op.status == RequestStatus.PREEMPTED.value and native.released:
+                native.released = False
                 self.due.append(lambda: self._retract(native))
         elif isinstance(op, O.SetNumComputedTokens):
             self._after_model_run(native, op.num_computed_tokens)
@@ -191,7 +193,7 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         req.finished_reason = c.sg["FINISH_LENGTH"](len(req.output_ids))
         c.sg["release_kv_cache"](req, c.tree, checkpoint=True)
         native.admitted = False
-        native.extra["released"] = True
+        native.released = True
 
     def _retract(self, native: SglRequest) -> None:
         """The rest of SGLang's retract (``release_req``): the tree evicted for the others' next
@@ -262,7 +264,7 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         c.rows.write((row, slice(hit, seq)), out)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq
         native.admitted, native.fill_len = True, len(req.origin_input_ids) + len(req.output_ids)
-        native.extra["checkpointed"] = hit
+        native.checkpointed = hit
         return [self._row_pages(native, hit, seq)]
 
     def _extend(self, native: SglRequest, seq: int) -> BlockIds | None:
@@ -332,8 +334,8 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         req = native.req
         if not native.admitted or computed > req.kv.kv_allocated_len:
             return
-        if computed <= native.fill_len and computed > native.extra.get("checkpointed", 0):
-            native.extra["checkpointed"] = computed
+        if native.checkpointed < computed <= native.fill_len:
+            native.checkpointed = computed
             self.due.append(lambda: self._checkpoint(native, computed))
 
     def _checkpoint(self, native: SglRequest, computed: int) -> None:
