@@ -50,7 +50,7 @@ class Registry(Mapping[str, Invariant[C, W]]):
         self.what = what
         self.kinds = tuple(kinds)
         self._entries: dict[str, Invariant[C, W]] = {}
-        self._by_kinds: dict[tuple[str, ...], list[Invariant[C, W]]] = {}
+        self._by_kinds: dict[tuple[tuple[str, ...] | None, str | None], list[Invariant[C, W]]] = {}
 
     def register(
         self, rule: str, kind: str, engines: tuple[str, ...] | None = None
@@ -67,11 +67,16 @@ class Registry(Mapping[str, Invariant[C, W]]):
 
         return add
 
-    def _of_kinds(self, kinds: tuple[str, ...]) -> list[Invariant[C, W]]:
-        """The predicates of ``kinds``, in registration order (remembered until the next registration)."""
-        found = self._by_kinds.get(kinds)
+    def _selected(self, kinds: tuple[str, ...] | None, engine: str | None) -> list[Invariant[C, W]]:
+        """The predicates of ``kinds`` (all when None) in force for ``engine``, in registration order
+        (remembered until the next registration: a check runs after every step)."""
+        found = self._by_kinds.get((kinds, engine))
         if found is None:
-            found = self._by_kinds[kinds] = [inv for inv in self._entries.values() if inv.kind in kinds]
+            found = self._by_kinds[kinds, engine] = [
+                inv
+                for inv in self._entries.values()
+                if (kinds is None or inv.kind in kinds) and inv.is_in_force(engine)
+            ]
         return found
 
     def __getitem__(self, name: str) -> Invariant[C, W]:
@@ -97,10 +102,8 @@ class Registry(Mapping[str, Invariant[C, W]]):
         """Every broken predicate (of ``kinds``, or the named ones; those in force for ``engine``)
         with its witness, in registration order."""
         out = []
-        for inv in self._entries.values() if kinds is None else self._of_kinds(tuple(kinds)):
+        for inv in self._selected(None if kinds is None else tuple(kinds), engine):
             if names is not None and inv.name not in names:
-                continue
-            if not inv.is_in_force(engine):
                 continue
             witness = inv.check(ctx)
             if witness is not None:

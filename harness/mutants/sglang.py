@@ -6,8 +6,7 @@ Each names the check written to catch it (``intended``): an engine-neutral invar
 SGLang's own (``spec.invariants.state_sglang``) or the KV ledger (tests/sglang_target/test_sglang_mutants.py
 runs each and asserts that check caught it).  The slips are the kinds of bug SGLang has shipped
 (docs/sglang.md): a lock leaked, a split losing KV, a page read while evictable, a double free, a
-size that double-counts, a match pointing at the wrong slots.  A sliding-window slip needs the
-full + SWA pools, which the target does not drive yet: not in the catalogue.
+size that double-counts, a match pointing at the wrong slots, a window slid one token too far.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from kvspec.harness.sglang.target import SglangTarget
 CACHE = "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache"
 CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore"
 PAGED = "sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator"
+BASE = "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache"
 
 
 def _full_data(node: Any) -> Any:
@@ -114,8 +114,18 @@ def _wrong_slot_match(orig: Callable[..., Any]) -> Callable[..., Any]:
     return prefix_device_indices
 
 
-def _sglang_mutant(name: str, owner: str, attr: str, wrap: Any, intended: str) -> Mutant:
-    return Mutant(name, "sglang", doc_of(wrap), "full", ("invariants",), intended, Patch(owner, attr, wrap))
+def _window_slides_one_too_far(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """a decoding request's window slides as if the token being computed were already in, freeing
+    the sliding-window slot of the oldest position its query still reads"""
+
+    def evict_sliding_windows(self: Any, req: Any, pre_len: int, **kwargs: Any) -> Any:
+        return orig(self, req, pre_len + 1, **kwargs)
+
+    return evict_sliding_windows
+
+
+def _sglang_mutant(name: str, owner: str, attr: str, wrap: Any, intended: str, family: str = "full") -> Mutant:
+    return Mutant(name, "sglang", doc_of(wrap), family, ("invariants",), intended, Patch(owner, attr, wrap))
 
 
 MUTANTS: dict[str, Mutant] = by_name(
@@ -139,6 +149,14 @@ MUTANTS: dict[str, Mutant] = by_name(
             "prefix_device_indices",
             _wrong_slot_match,
             "hashed_means_full_and_correct",
+        ),
+        _sglang_mutant(
+            "sglang_window_off_by_one",
+            BASE,
+            "evict_sliding_windows",
+            _window_slides_one_too_far,
+            "kv_read_in_real_block",
+            "hybrid_equal",
         ),
     )
 )

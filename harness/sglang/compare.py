@@ -29,13 +29,16 @@ from kvspec.harness.core import ops as O
 from kvspec.harness.sglang.target import SGLANG_LIMITS, SglangTarget
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.harness.world.workload import run_seeded
-from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
 from kvspec.spec.types import BlockCount, TokenCount
 
 CONFIGS = {
     "page 1, 48 blocks": KVCacheConfig(BlockCount(49), (full_attention(1),), TokenCount(64)),
     "page 4, 24 blocks": KVCacheConfig(BlockCount(25), (full_attention(4),), TokenCount(96)),
     "page 16, 12 blocks": KVCacheConfig(BlockCount(13), (full_attention(16),), TokenCount(192)),
+    "page 4, full + window 8, 2 x 24 blocks": KVCacheConfig(
+        BlockCount(49), (full_attention(4), sliding_window(4, 8)), TokenCount(96)
+    ),
 }
 ENGINES: dict[str, Callable[[], Any]] = {"vLLM 0.33 (spec)": SpecTarget, "SGLang 0.5.23": SglangTarget}
 

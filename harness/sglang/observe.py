@@ -1,12 +1,15 @@
 """The one reader of SGLang's state: its rows, pool and tree as a kvspec ``Observation``.
 
-kvspec's vocabulary, for SGLang (full attention, one page = one block):
+kvspec's vocabulary, for SGLang (one page = one block):
 
 - a request's table: the pages of its ``ReqToTokenPool`` row (``row[i * page] // page``) up to its
-  allocated length; its cached count: the pages of its tree-protected prefix (``cache_protected_len``);
+  allocated length; with a sliding window, its sliding-window table is the pages those full slots
+  map to (``full_to_swa_index_mapping``; 0, the null block, where the window's slots were freed), as
+  kvspec block ids after the full pages (``harness.sglang.build``); its cached count: the pages of
+  its tree-protected prefix (``cache_protected_len``), in every group;
 - a page's reference count: how many live rows hold it (SGLang keeps none per page; its tree locks
   nodes, which SGLang's policy invariants check, ``spec.invariants.state_sglang``);
-- the free queue: the allocator's free pages, in its order;
+- the free queue: the allocator's free pages, in its order (the full pool's, then the window's);
 - a page's key: kvspec's hash of the tokens on the tree path up to the end of that page, with the
   path's namespace (LoRA, salt) and its multimodal items (pad values, ``get_pad_value``) as
   features, so that equal keys mean equal KV under vLLM's rules and a tree page under a request's
@@ -31,21 +34,28 @@ from kvspec.spec.request import make_request
 from kvspec.spec.types import BlockHash, GroupId, make_block_key
 
 
-def observe_cache(c: SglangCache, natives: Mapping[str, Any]) -> Observation:
-    """The observation of ``c`` with the requests ``natives`` (``SglRequest`` by id)."""
-    p, n = c.page_size, c.num_pages + 1
+def observe_cache(c: SglangCache, natives: Mapping[str, Any], computed: Mapping[str, int]) -> Observation:
+    """The observation of ``c`` with the requests ``natives`` (``SglRequest`` by id), ``computed``
+    tokens each (what a request's next model run reads back from)."""
+    p, n = c.page_size, c.num_blocks
     live = {rid: x for rid, x in natives.items() if x.admitted}
-    tables, cached, rows = {}, {}, {}
+    groups = [c.full_group] + ([c.swa_group] if c.swa_group is not None else [])
+    tables: list[dict[str, tuple[int, ...]]] = [{} for _ in groups]
+    cached: list[dict[str, int]] = [{} for _ in groups]
+    rows, windows = {}, {}
     ref_cnt = [0] * n
     for rid, x in live.items():
         kv = x.req.kv
         row = c.rows.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].tolist()
         rows[rid] = row
-        table = tuple(s // p for s in row[::p])
-        tables[rid] = table
-        cached[rid] = kv.cache_protected_len // p
-        for b in table:
-            ref_cnt[b] += 1
+        tables[c.full_group][rid] = tuple(s // p for s in row[::p])
+        if c.swa_group is not None:
+            tables[c.swa_group][rid] = window_table(c, row)
+            windows[rid] = max(0, computed.get(rid, 0) - c.window)
+        for g in groups:
+            cached[g][rid] = kv.cache_protected_len // p
+            for b in tables[g][rid]:
+                ref_cnt[b] += b != 0  # the null block's count is not kept
     nodes, keys, key_tokens, page_node = walk_tree(c)
     block_key: list[bytes | None] = [None] * n
     block_key_tokens: list[int | None] = [None] * n
@@ -53,9 +63,12 @@ def observe_cache(c: SglangCache, natives: Mapping[str, Any]) -> Observation:
     for b, key in keys.items():
         block_key[b], block_key_tokens[b] = key, key_tokens[b]
         held[key] = (*held.get(key, ()), b)
-    reads = [[rid, b, page_node[b]] for rid, t in tables.items() for b in t if b in page_node]
+    reads = [[rid, b, page_node[b], "full"] for rid, t in tables[c.full_group].items() for b in t if b in page_node]
+    if c.swa_group is not None:  # a window's pages: only those its next queries read
+        for rid, t in tables[c.swa_group].items():
+            reads += [[rid, b, page_node[b], "swa"] for b in t[windows[rid] // p :] if b in page_node]
     facts = {
-        "sizes": {"full": _sizes(c)},
+        "sizes": _sizes(c),
         "tree": nodes,
         "sanity": _sanity(c),
         "live": len(live),
@@ -64,8 +77,8 @@ def observe_cache(c: SglangCache, natives: Mapping[str, Any]) -> Observation:
         "page_size": p,
     }
     return Observation(
-        tables=(tables,),
-        num_cached_block=(cached,),
+        tables=tuple(tables),
+        num_cached_block=tuple(cached),
         ref_cnt=tuple(ref_cnt),
         free_queue=tuple(int(b) for b in _free_pages(c)),
         block_key=tuple(block_key),
@@ -76,10 +89,25 @@ def observe_cache(c: SglangCache, natives: Mapping[str, Any]) -> Observation:
     )
 
 
+def window_table(c: SglangCache, row: list[int]) -> tuple[int, ...]:
+    """A row's sliding-window pages as kvspec block ids: the page its full slots map to, 0 where
+    SGLang freed the window's slots (its mapping then reads 0, its padding slot)."""
+    p, mapping = c.page_size, c.allocator.full_to_swa_index_mapping
+    out = []
+    for s in row[::p]:
+        swa = int(mapping[s]) // p
+        out.append(c.num_pages + swa if swa > 0 else 0)
+    return tuple(out)
+
+
 def walk_tree(c: SglangCache) -> tuple[list[list[Any]], dict[int, bytes], dict[int, int], dict[int, int]]:
-    """The tree, walked from the root: its nodes (``[node, parent, tokens, lock_ref, "full"]``), and
-    per page it holds the page's key, the tokens the key covers and its node."""
-    full = c.sg["ComponentType"].FULL
+    """The tree, walked from the root: its nodes (``[node, parent, tokens, lock_ref, pool]`` per pool
+    the tree keeps, ``full`` and ``swa``), and per page it holds the page's key (the group's), the
+    tokens the key covers and its node."""
+    kinds = c.sg["ComponentType"]
+    pools = [("full", kinds.FULL, c.full_group, 0)]
+    if c.swa_group is not None:
+        pools.append(("swa", kinds.SWA, c.swa_group, c.num_pages))
     p = c.page_size
     nodes: list[list[Any]] = []
     keys: dict[int, bytes] = {}
@@ -89,19 +117,21 @@ def walk_tree(c: SglangCache) -> tuple[list[list[Any]], dict[int, bytes], dict[i
     stack: list[tuple[Any, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
     while stack:
         node, before = stack.pop()
-        data = node.component_data[full]
-        tokens = tuple(node.key.token_ids)
-        path = before + tokens
-        value = [] if data.value is None else data.value.tolist()
-        nodes.append([node.id, node.parent.id if node.parent is not None else None, len(value), data.lock_ref, "full"])
-        if value:
+        path = before + tuple(node.key.token_ids)
+        for pool, kind, group, offset in pools:
+            data = node.component_data[kind]
+            value = [] if data.value is None else data.value.tolist()
+            parent = node.parent.id if node.parent is not None else None
+            nodes.append([node.id, parent, len(value), data.lock_ref, pool])
+            if not value:
+                continue
             hashes = path_hashes(c.config, path, node.key.extra_key, node.key.cache_salt)
             for i in range(0, len(value), p):
                 depth = (len(before) + i) // p
-                page = value[i] // p
+                page = offset + value[i] // p
                 page_node[page] = node.id
                 if depth < len(hashes):
-                    keys[page] = make_block_key(hashes[depth], GroupId(0))
+                    keys[page] = make_block_key(hashes[depth], GroupId(group))
                     key_tokens[page] = (depth + 1) * p
         stack.extend((child, path) for child in node.children.values())
     return nodes, keys, key_tokens, page_node
@@ -164,13 +194,21 @@ def path_hashes(
     return _chain(config, path, extra_key, salt)
 
 
-def _sizes(c: SglangCache) -> dict[str, int]:
-    return {
-        "available": int(c.allocator.available_size()),
-        "evictable": int(c.tree.evictable_size()),
-        "protected": int(c.tree.protected_size()),
-        "total": c.num_pages * c.page_size,
-    }
+def _sizes(c: SglangCache) -> dict[str, dict[str, int]]:
+    """What SGLang reports per pool, in tokens (a hybrid allocator's ``available_size`` is the
+    smaller pool's: each pool is read on its own)."""
+    a, tree, p = c.allocator, c.tree, c.page_size
+    hybrid = c.swa_group is not None
+    full = a.full_available_size() if hybrid else a.available_size()
+    sizes = {"full": _pool_sizes(full, tree.evictable_size(), tree.protected_size(), c.num_pages * p)}
+    if hybrid:
+        swa = (a.swa_available_size(), tree.swa_evictable_size(), tree.swa_protected_size())
+        sizes["swa"] = _pool_sizes(*swa, c.swa_pages * p)
+    return sizes
+
+
+def _pool_sizes(available: int, evictable: int, protected: int, total: int) -> dict[str, int]:
+    return {"available": int(available), "evictable": int(evictable), "protected": int(protected), "total": total}
 
 
 def _sanity(c: SglangCache) -> str | None:
@@ -182,9 +220,17 @@ def _sanity(c: SglangCache) -> str | None:
 
 
 def _free_pages(c: SglangCache) -> list[int]:
-    """The allocator's free pages, in its order (page size 1: its free slots are its pages)."""
-    pages: list[int] = c.allocator.free_pages.tolist()
-    release = getattr(c.allocator, "release_pages", None)
+    """The allocator's free pages, in its order (page size 1: its free slots are its pages); a
+    hybrid's full pool's, then its window's (as kvspec block ids)."""
+    if c.swa_group is None:
+        return _pool_free_pages(c.allocator)
+    swa = [c.num_pages + s for s in _pool_free_pages(c.allocator.swa_attn_allocator)]
+    return _pool_free_pages(c.allocator.full_attn_allocator) + swa
+
+
+def _pool_free_pages(allocator: Any) -> list[int]:
+    pages: list[int] = allocator.free_pages.tolist()
+    release = getattr(allocator, "release_pages", None)
     if release is not None and len(release):
         pages += release.tolist()
     return pages

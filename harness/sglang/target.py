@@ -10,9 +10,12 @@ into what SGLang 0.5.23's scheduler does at the same point, calling SGLang's own
   steps (``alloc_req_slots``, ``alloc_token_slots`` or ``alloc_paged_token_slots_extend``, which
   evict from the tree first, and the row written); later ones extend the row (a chunk, or
   ``alloc_paged_token_slots_decode`` for a decode token);
+- with a sliding window, each later ``allocate_slots`` first runs ``ScheduleBatch.maybe_evict_swa``
+  for the request (``evict_sliding_windows``: the window's slots behind the query go back), as
+  ``alloc_for_decode`` and ``alloc_for_extend`` do;
 - a model run that ends an extend (``set_num_computed_tokens``): ``checkpoint_kv_cache`` (SGLang
   inserts each chunk and the whole prompt into the tree, dedups against what the tree holds and
-  repoints the row);
+  repoints the row; with a sliding window it also drops the window's pages behind it);
 - ``free``: ``release_kv_cache(checkpoint=True)`` for a finished or aborted request (insert, free the
   rest, unlock), ``release_req`` for a preempted one (SGLang's retract: no insert, evict, reset);
 - ``reset_prefix_cache``: the scheduler's ``flush_cache`` (only when idle).
@@ -40,7 +43,7 @@ from kvspec.harness.core.book import BookRequest
 from kvspec.harness.core.observation import Observation
 from kvspec.harness.sglang.build import SglangCache, build_cache
 from kvspec.harness.sglang.load import load_sglang
-from kvspec.harness.sglang.observe import get_pad_value, observe_cache
+from kvspec.harness.sglang.observe import get_pad_value, observe_cache, window_table
 from kvspec.harness.targets.adapter import BlockIds, ManagerAdapter
 from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.spec import make_spec_request
@@ -54,10 +57,13 @@ SGLANG_LIMITS = {"connector": False, "num_spec_tokens": 0, "num_lookahead_tokens
 """The scheduler features SGLang's cache is not driven with (``sched_limits``): vLLM's KV connector
 (SGLang disaggregates differently) and drafts (its speculative decoding allocates on its own path)."""
 
-_NOT_YET = "SGLang's full + SWA pools are not driven yet (the sglang target drives full attention)"
+SWA_EVICTION_INTERVAL = 1
+"""``SGLANG_SWA_EVICTION_INTERVAL``: a decoding request's window slides once this many tokens have
+left it.  SGLang's default is 128, which kvspec's short requests never reach; 1 (a legal setting)
+slides the window at every step, the tightest it runs."""
 DECLINED = {
-    "sliding_window": _NOT_YET,
-    "hybrid_equal": _NOT_YET,
+    "sliding_window": "a model of sliding-window layers only gets SGLang's PureSWARadixCache, not driven "
+    "(hybrid_equal drives full attention + a sliding window)",
     "chunked_local": "SGLang has no chunked-local attention pool",
     "hybrid_diff": "SGLang's hybrid pools share one page size",
     "hybrid_two_full": "two full-attention groups are vLLM's hybrid manager",
@@ -173,7 +179,7 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         assert not native.admitted, f"{native.req.rid} already holds a row"
         c = self._c()
         native.req.init_next_round_input(c.tree)
-        return None, [self._prefix_pages(native)], native.req.prefix_len
+        return None, self._prefix_pages(native), native.req.prefix_len
 
     def allocate_slots(self, native: SglRequest, op: O.AllocateSlots, new_computed_blocks: Any) -> BlockIds | None:
         if op.num_lookahead_tokens or op.num_external_computed_tokens or op.delay_cache_blocks or op.num_encoder_tokens:
@@ -227,17 +233,30 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         return []
 
     def observe(self) -> Observation:
-        return observe_cache(self._c(), self.book.native)
+        # where each request's next model run starts: its computed tokens, or its matched prefix
+        computed = {
+            rid: max(self.book.get(rid).num_computed_tokens, x.req.kv.cache_protected_len if x.admitted else 0)
+            for rid, x in self.book.native.items()
+        }
+        return observe_cache(self._c(), self.book.native, computed)
 
     # --- SGLang's scheduler steps ----------------------------------------------------------------
 
-    def _prefix_pages(self, native: SglRequest) -> list[int]:
-        """The pages of the request's matched prefix, one per page."""
+    def _prefix_pages(self, native: SglRequest) -> BlockIds:
+        """The pages of the request's matched prefix, per group."""
         c, req = self._c(), native.req
-        if req.prefix_len == 0:
-            return []
-        slots = c.tree.prefix_device_indices(req)[: req.prefix_len].tolist()
-        return [s // c.page_size for s in slots[:: c.page_size]]
+        slots = c.tree.prefix_device_indices(req)[: req.prefix_len].tolist() if req.prefix_len else []
+        return self._group_pages(slots)
+
+    def _group_pages(self, slots: list[int]) -> BlockIds:
+        """The pages of a run of row slots starting on a page, per kvspec group (a sliding window's:
+        the pages they map to, ``harness.sglang.observe.window_table``)."""
+        c = self._c()
+        out: BlockIds = [[] for _ in c.config.groups]
+        out[c.full_group] = [s // c.page_size for s in slots[:: c.page_size]]
+        if c.swa_group is not None:
+            out[c.swa_group] = list(window_table(c, slots))
+        return out
 
     def _admit(self, native: SglRequest, op: O.AllocateSlots) -> BlockIds | None:
         """``PrefillAdder.add_one_req`` then ``alloc_for_extend`` for one request."""
@@ -265,24 +284,42 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq
         native.admitted, native.fill_len = True, len(req.origin_input_ids) + len(req.output_ids)
         native.checkpointed = hit
-        return [self._row_pages(native, hit, seq)]
+        return self._row_pages(native, hit, seq)
 
     def _extend(self, native: SglRequest, seq: int) -> BlockIds | None:
         """A running request's next chunk or decode token: its row grown to ``seq`` slots."""
         c, req = self._c(), native.req
         have = req.kv.kv_allocated_len
+        decoding = have >= native.fill_len and seq - have == 1
+        if c.swa_group is not None:
+            self._maybe_evict_swa(native, decoding)
         if seq <= have:
-            return [[]]
+            return [[] for _ in c.config.groups]
         if not self._fits(have, seq):
             return None
         row = req.kv.req_pool_idx
         last = c.rows.req_to_token[row, have - 1 : have].to(c.sg["torch"].int64) if have else None
-        decoding = have >= native.fill_len and seq - have == 1
         out = self._alloc_decode(last, seq) if decoding else self._alloc_extend(last, have, seq)
+        if decoding:
+            req.decode_batch_idx += 1
         c.rows.write((row, slice(have, seq)), out)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq
         req.extend_end = seq
-        return [self._row_pages(native, have, seq)]
+        return self._row_pages(native, have, seq)
+
+    def _maybe_evict_swa(self, native: SglRequest, decoding: bool) -> None:
+        """``ScheduleBatch.maybe_evict_swa`` for one request, before its allocation: a decoding
+        request (past its first decode step) slides its window once ``SWA_EVICTION_INTERVAL`` tokens
+        have left it; a chunk does only without prefix sharing (a shared cache's checkpoint drops them)."""
+        c, req = self._c(), native.req
+        computed = self.book.get(req.rid).num_computed_tokens
+        component = c.sg["ComponentType"].SWA
+        if decoding:
+            due = computed - c.window >= req.kv.get_evicted_seqlen(component) + SWA_EVICTION_INTERVAL
+            if req.decode_batch_idx >= 1 and req.kv.holds_kv and due:
+                c.tree.evict_sliding_windows(req, computed, eviction_interval=1)
+        elif not c.tree.supports_prefix_sharing():
+            c.tree.evict_sliding_windows(req, computed)
 
     def _fits(self, have: int, seq: int) -> bool:
         """The pages to add fit in available plus evictable tokens.  Simpler than SGLang's
@@ -292,6 +329,12 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         c = self._c()
         p = c.page_size
         need = (-(-seq // p) - (-(-have // p))) * p
+        if c.swa_group is not None:  # a hybrid: a page of each pool per page of the row
+            a = c.allocator
+            return bool(
+                need <= a.full_available_size() + c.tree.evictable_size()
+                and need <= a.swa_available_size() + c.tree.swa_evictable_size()
+            )
         return bool(need <= c.allocator.available_size() + c.tree.evictable_size())
 
     def _alloc_extend(self, last: Any, have: int, seq: int) -> Any:
@@ -318,13 +361,12 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         end = c.sg["torch"].tensor([seq])
         return c.sg["alloc_paged_token_slots_decode"](c.tree, end, end, last_loc=last)
 
-    def _row_pages(self, native: SglRequest, start: int, end: int) -> list[int]:
-        """The pages the row gained for positions ``[start, end)`` (a page already there is not new)."""
+    def _row_pages(self, native: SglRequest, start: int, end: int) -> BlockIds:
+        """The pages the row gained for positions ``[start, end)`` (a page already there is not new), per group."""
         c = self._c()
         p, row = c.page_size, native.req.kv.req_pool_idx
         first = -(-start // p)
-        slots = c.rows.req_to_token[row, first * p : end : p].tolist()
-        return [s // p for s in slots]
+        return self._group_pages(c.rows.req_to_token[row, first * p : end].tolist())
 
     def _after_model_run(self, native: SglRequest, computed: int) -> None:
         """An extend's model run ends with SGLang's checkpoint: a chunk's at the next scheduling round

@@ -338,15 +338,28 @@ def table_length_bounded(c: StateContext) -> str | None:
 
 @SPEC_INVARIANTS.register("§9.14", "state")
 def null_pattern(c: StateContext) -> str | None:
-    """Full-attention tables hold no nulls; sliding-window and chunked-local tables are a run of
-    nulls followed by real blocks (positions are only ever nulled from the front)."""
+    """Full-attention and cross-attention tables hold no nulls: every position they read has a block."""
     for gid, group in enumerate(c.state.groups):
         kind = c.config.groups[gid].kind
+        if kind not in ("full", "cross"):
+            continue
         for rid, table in group.req_to_blocks.items():
-            if kind in ("full", "cross"):
-                if NULL_BLOCK_ID in table:
-                    return f"{kind} group {gid} request {rid!r} has a null block: {list(table)}"
-                continue
+            if NULL_BLOCK_ID in table:
+                return f"{kind} group {gid} request {rid!r} has a null block: {list(table)}"
+    return None
+
+
+@SPEC_INVARIANTS.register("§9.14", "state", VLLM_POLICY)
+def window_nulls_from_front(c: StateContext) -> str | None:
+    """Sliding-window and chunked-local tables are a run of nulls followed by real blocks: vLLM 0.33
+    (``SlidingWindowManager.remove_skipped_blocks``) only ever nulls positions from the front, and a
+    prefix hit adopts no block the window has passed.  SGLang may leave a hole: a hit's old pages
+    kept by the tree before pages its window dropped (docs/sglang.md)."""
+    for gid, group in enumerate(c.state.groups):
+        kind = c.config.groups[gid].kind
+        if kind in ("full", "cross"):
+            continue
+        for rid, table in group.req_to_blocks.items():
             seen_real = False
             for b in table:
                 if b != NULL_BLOCK_ID:

@@ -12,7 +12,8 @@ target only, reading ``StateContext.facts`` (``Observation.facts``) in this form
   the tree (``tokens``: the KV slots the node holds in that pool);
 - ``sanity``: None, or what SGLang's ``sanity_check`` raised;
 - ``live``: how many requests hold a request row;
-- ``reads``: ``[request, page, node]`` for every tree page a live request's row holds;
+- ``reads``: ``[request, page, node, pool]`` for every tree page a live request reads: each full
+  page of its row, and the sliding-window pages in the window of its next query;
 - ``rows``: request -> its full-pool KV slot per position, and ``page_size``.
 
 Imports: spec.
@@ -79,12 +80,12 @@ def sglang_idle_conservation(c: StateContext) -> str | None:
 
 @SPEC_INVARIANTS.register("§12.4", "state", SGLANG_POLICY)
 def sglang_read_pages_locked(c: StateContext) -> str | None:
-    """Every tree page a live request's row holds lies in a locked node (``lock_ref > 0``): a page
-    being read cannot be evicted."""
-    locks = {node: lock_ref for node, _, _, lock_ref, _ in c.facts.get("tree", [])}
-    for request, page, node in c.facts.get("reads", []):
-        if locks.get(node, 0) <= 0:
-            return f"request {request!r} reads page {page} of tree node {node}, which is not locked"
+    """Every tree page a live request reads lies in a node locked in that page's pool (``lock_ref >
+    0``): a page being read cannot be evicted (a sliding window's pages: those in the window)."""
+    locks = {(node, pool): lock_ref for node, _, _, lock_ref, pool in c.facts.get("tree", [])}
+    for request, page, node, pool in c.facts.get("reads", []):
+        if locks.get((node, pool), 0) <= 0:
+            return f"request {request!r} reads page {page} of tree node {node}, not locked in the {pool} pool"
     return None
 
 

@@ -7,15 +7,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sglang_cases import fuzz, needs_sglang
 
+from kvspec.harness.check.finding import FindingError
 from kvspec.harness.check.lockstep import Lockstep
 from kvspec.harness.check.obs_invariants import ObsContext, check_observation
 from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.core import ops as O
-from kvspec.spec.config import KVCacheConfig, full_attention
+from kvspec.spec.config import KVCacheConfig, full_attention, sliding_window
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,12 +77,65 @@ def test_a_twin_is_repointed_to_the_trees_copy_and_the_ledger_accepts_it() -> No
     assert "free_iff_unreferenced" in vllm
 
 
+def decode_past_the_window(prompt: int, steps: int) -> list[O.Op]:
+    """One request: its prompt computed in one step, then ``steps`` decode steps."""
+    ops: list[O.Op] = [O.AddRequest("a", tuple(range(1, prompt + 1))), O.GetComputedBlocks("a")]
+    ops += [O.AllocateSlots("a", prompt, use_computed_blocks=True), O.SetStatus("a", "RUNNING")]
+    ops += [O.SetNumComputedTokens("a", prompt)]
+    for i in range(steps):
+        ops += [O.AppendOutputTokens("a", (100 + i,)), O.AllocateSlots("a", 1)]
+        ops += [O.SetNumComputedTokens("a", prompt + i + 1)]
+    return ops
+
+
+def run_window_case(target: Any) -> tuple[Lockstep, KVCacheConfig]:
+    config = KVCacheConfig(81, (full_attention(1), sliding_window(1, 8)), 64)
+    ls = Lockstep(config, target, CheckSettings(relation="invariants"))
+    ls.start()
+    for op in decode_past_the_window(20, 12):
+        ls.apply(op)  # a broken invariant or ledger rule raises FindingError
+    return ls, config
+
+
+@needs_sglang
+def test_a_window_keeps_what_it_reads_and_may_leave_a_hole_vllm_would_not() -> None:
+    """Full attention + a window of 8 (SGLang's 7), page size 1, a 20-token prompt then 12 decode
+    steps.  The prompt's checkpoint drops the window's pages before position 12; the prompt's last 8
+    stay, locked by the tree for the request; the decode slides the window over its own pages.  Every
+    read is checked by the ledger, and the table ends with a hole vLLM's policy forbids and SGLang's
+    allows: ``0 x12, 8 tree pages, 0 x4, 8 live pages``."""
+    from kvspec.harness.sglang.target import SglangTarget
+
+    target = SglangTarget()
+    ls, config = run_window_case(target)
+    obs = target.observe()
+    full, window = obs.tables[0]["a"], obs.tables[1]["a"]
+    assert len(full) == len(window) == 32 and 0 not in full
+    assert all(b > 40 for b in window if b)  # the window's pages are block ids after the 40 full pages
+    assert 0 not in window[32 - 7 :]  # the next query (position 32) reads 25..32: all there
+    first = next(i for i, b in enumerate(window) if b)
+    assert 0 in window[first:], window  # a hole after a real page
+    ctx = {e: ObsContext(requests=ls.book.requests, engine=e) for e in ("sglang", "vllm")}
+    assert {v.name for v in check_observation(obs, config, ctx["sglang"])} == set()
+    assert "window_nulls_from_front" in {v.name for v in check_observation(obs, config, ctx["vllm"])}
+
+
+@needs_sglang
+def test_a_window_slid_one_token_too_far_is_a_ledger_finding() -> None:
+    from kvspec.harness.mutants.sglang import make_mutant_target
+
+    with pytest.raises(FindingError) as e:
+        run_window_case(make_mutant_target("sglang_window_off_by_one"))
+    assert "kv_read_in_real_block" in str(e.value) and "null block (group 1)" in str(e.value)
+
+
 @needs_sglang
 @pytest.mark.parametrize(
     "family",
     [
         "full",
-        "request_keys",
+        "hybrid_equal",
+        pytest.param("request_keys", marks=pytest.mark.full),
         pytest.param("no_cache", marks=pytest.mark.full),
         pytest.param("v0_20", marks=pytest.mark.full),
     ],

@@ -114,6 +114,10 @@ def _break(kind):
         return replace(s, config=cfg2), reqs, log
     if kind == "null_pattern":
         return with_group0(s, {**s.groups[0].req_to_blocks, "a": a_table + (BlockId(0),)}), reqs, log
+    if kind == "window_nulls_from_front":
+        s, reqs = swa_scenario()
+        w = s.groups[0].req_to_blocks["w"]
+        return with_group0(s, {"w": set_at(w, 2, BlockId(0))}), reqs, []  # (1, 2, null, 4): a hole
     if kind == "dict_membership":
         return s, {k: v for k, v in reqs.items() if k != "b"}, log
     if kind == "free_queue_partition":

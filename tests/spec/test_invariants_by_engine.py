@@ -5,7 +5,7 @@ an engine-neutral one is, and SGLang's policy invariants catch what they state (
 import dataclasses
 
 import pytest
-from test_invariants import names, scenario, set_at, with_pool
+from test_invariants import names, scenario, set_at, swa_scenario, with_group0, with_pool
 
 from kvspec.harness.check.obs_invariants import ObsContext, check_observation
 from kvspec.harness.core import ops as O
@@ -40,6 +40,22 @@ def test_an_engine_neutral_invariant_is_checked_on_every_engine():
     table = s.groups[0].req_to_blocks["a"]
     reused = with_pool(s, free_queue=s.pool.free_queue + (table[0],))
     assert "no_reuse_while_referenced" in names(check_invariants(reused, reqs, engine="sglang"))
+
+
+def test_a_hole_in_a_window_table_is_vllm_policy_and_a_null_in_full_attention_is_not():
+    """SGLang's sliding-window table may hold a tree page before pages its window dropped (its run
+    reaches it: tests/sglang_target); vLLM only nulls from the front.  A null read by full
+    attention is wrong on any engine."""
+    s, reqs = swa_scenario()
+    holed = with_group0(s, {"w": set_at(s.groups[0].req_to_blocks["w"], 1, 0)})  # (1, null, 3, 4)
+    for engine in ("vllm", "sglang"):
+        found = names(check_invariants(holed, reqs, engine=engine))
+        assert ("window_nulls_from_front" in found) == (engine == "vllm"), (engine, found)
+        assert "null_pattern" not in found, engine
+    s, reqs, _ = scenario()
+    nulled = with_group0(s, {**s.groups[0].req_to_blocks, "a": set_at(s.groups[0].req_to_blocks["a"], 1, 0)})
+    for engine in ("vllm", "sglang"):
+        assert "null_pattern" in names(check_invariants(nulled, reqs, engine=engine)), engine
 
 
 def test_policy_sets_are_disjoint_and_every_neutral_rule_holds_on_vllm_states():
@@ -83,7 +99,7 @@ def busy_facts():
         sizes={"full": {"available": 20, "evictable": 0, "protected": 12, "total": 32}},
         tree=[[1, 0, 8, 1, "full"], [2, 1, 4, 1, "full"]],
         live=1,
-        reads=[["a", 3, 1], ["a", 5, 1], ["a", 7, 2]],
+        reads=[["a", 3, 1, "full"], ["a", 5, 1, "full"], ["a", 7, 2, "full"]],
         rows={"a": list(range(12, 20)) + list(range(28, 32))},
     )
 
@@ -118,6 +134,20 @@ def test_sglang_facts_of_a_healthy_cache_pass():
 def test_each_sglang_invariant_catches_its_violation_only_on_sglang(name):
     assert name in sglang_names(BREAKS[name])
     assert name not in sglang_names(BREAKS[name], engine="vllm")
+
+
+def test_a_window_page_read_is_checked_against_the_window_pools_lock():
+    """A node locked in the full pool but not in the sliding-window pool: its window page is not
+    protected, and a read of it breaks §12.4; locked in both, it passes."""
+    tree = [[1, 0, 8, 1, "full"], [1, 0, 8, 0, "swa"], [2, 1, 4, 1, "full"], [2, 1, 4, 1, "swa"]]
+    sizes = {
+        "full": {"available": 20, "evictable": 0, "protected": 12, "total": 32},
+        "swa": {"available": 20, "evictable": 8, "protected": 4, "total": 32},
+    }
+    reads = [["a", 3, 1, "full"], ["a", 7, 2, "full"], ["a", 40, 2, "swa"]]
+    facts = dict(busy_facts(), tree=tree, sizes=sizes, reads=reads)
+    assert sglang_names(facts) == set()
+    assert "sglang_read_pages_locked" in sglang_names(dict(facts, reads=reads + [["a", 38, 1, "swa"]]))
 
 
 def test_a_second_page_of_a_row_split_across_pages_is_caught():
