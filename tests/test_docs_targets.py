@@ -75,7 +75,9 @@ def _remove_reports(output: str, had_reports: bool) -> None:
         REPORTS.rmdir()
 
 
-@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+@pytest.mark.parametrize(
+    "launcher", ["console-script", pytest.param("python-m", marks=pytest.mark.full)]
+)  # python -m in the full tier: the same commands, about 12 s more
 @pytest.mark.parametrize("command, status", doc_commands(), ids=[c for c, _ in doc_commands()])
 def test_a_documented_command_exits_as_documented(command: str, status: int | None, launcher: str) -> None:
     had_reports = REPORTS.exists()

@@ -195,8 +195,8 @@ def test_a_pool_change_during_a_request_operation_is_caught_within_a_cadence(run
     assert sum(O.changes_observation(op) for op in ops[at : f.step + 1]) <= 10  # within one cadence
 
 
-# The two slowest to catch (tens of seconds each) run in the full tier; tests/mutants runs them always.
-FULL_TIER_ONLY = {"cache_drafts", "hits_not_touched"}
+# The slowest to catch run in the full tier; tests/mutants runs them without glimpses in every tier.
+FULL_TIER_ONLY = {"cache_drafts", "hits_not_touched", "swa_skip_n_minus_w", "free_order_appended"}
 
 
 @pytest.mark.mutant

@@ -129,6 +129,53 @@ def test_a_window_slid_one_token_too_far_is_a_ledger_finding() -> None:
     assert "kv_read_in_real_block" in str(e.value) and "null block (group 1)" in str(e.value)
 
 
+def window_frontier_case() -> list[O.Op]:
+    """S1 (docs/upstream/sglang-swa-insert-unprotected.md): an 11-token prompt in two chunks under
+    pages of 4 and a window of 7 (SGLang's 6), its checkpoint, then a second request that needs a
+    page while the pool is full."""
+    ops: list[O.Op] = [O.AddRequest("r1", (2, 1, 3, 2, 2, 2, 1, 3, 1, 2, 1)), O.GetComputedBlocks("r1")]
+    ops += [O.AllocateSlots("r1", 3, use_computed_blocks=True), O.SetNumComputedTokens("r1", 3)]
+    ops += [O.AllocateSlots("r1", 8, has_scheduled_reqs=True), O.SetNumComputedTokens("r1", 11)]
+    ops += [O.AppendOutputTokens("r1", (2,)), O.AddRequest("r2", (9, 9, 9)), O.GetComputedBlocks("r2")]
+    return ops + [O.AllocateSlots("r2", 3, use_computed_blocks=True)]
+
+
+@needs_sglang
+def test_a_checkpoint_under_a_window_keeps_the_prompt_protected() -> None:
+    """S1: SGLang 0.5.22 frees the window's slots so far behind the inserted end that its own match
+    after the insert rejects the path: the running request is left unprotected (no cached count,
+    its pages unlocked in the tree), and the next allocation evicts and hands out a page it still
+    reads.  0.5.23 rounds the kept window up to whole pages: the prompt's two pages stay locked."""
+    from kvspec.harness.sglang.load import load_sglang
+    from kvspec.harness.sglang.target import SglangTarget
+
+    config = KVCacheConfig(7, (full_attention(4), sliding_window(4, 7)), 9)
+    target = SglangTarget()
+    ls = Lockstep(config, target, CheckSettings(relation="invariants"))
+    ls.start()
+    if load_sglang()["version"] == "0.5.22":
+        with pytest.raises(FindingError, match="hashed_means_full_and_correct"):
+            for op in window_frontier_case():
+                ls.apply(op)
+        return
+    for op in window_frontier_case():
+        ls.apply(op)  # a broken invariant or ledger rule raises FindingError
+    obs = target.observe()
+    assert obs.num_cached_block[0]["r1"] == 2 and "r2" not in obs.tables[0]  # r2 waits: nothing to evict
+
+
+@needs_sglang
+def test_the_frontier_grid_names_the_affected_cases() -> None:
+    """``harness.sglang.frontier`` on a corner of its grid: pages of 4, windows 6-9, prompts 10-11
+    (0.5.22 leaves windows 6 and 7 unprotected at 10 and 11 tokens, or at 11; 0.5.23 none)."""
+    from kvspec.harness.sglang.frontier import find_unprotected
+    from kvspec.harness.sglang.load import load_sglang
+
+    found = find_unprotected([4], range(6, 10), range(10, 12))
+    expected = {(4, 6): [10, 11], (4, 7): [11]} if load_sglang()["version"] == "0.5.22" else {}
+    assert dict(found) == expected
+
+
 @needs_sglang
 @pytest.mark.parametrize(
     "family",

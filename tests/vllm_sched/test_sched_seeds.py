@@ -75,7 +75,7 @@ def _fuzz(seed: int, seconds: int, out: Path) -> int:
     return main([*args, "--seed", str(seed), "--out", str(out)])
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.full) for s in (1, 2, 3))])
 def test_fuzz_is_clean_at_a_handful_of_seeds(seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = _fuzz(seed, 4, tmp_path)
     out, err = capsys.readouterr()

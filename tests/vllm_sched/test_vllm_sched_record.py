@@ -162,6 +162,7 @@ def test_unwritable_record_path_leaves_scheduler_alone(
     assert type(sched.kv_cache_manager).__name__ == "KVCacheManager"  # type: ignore[attr-defined]
 
 
+@pytest.mark.full  # about 8 s: a fresh interpreter imports vLLM and builds a scheduler
 def test_installed_entry_point_is_found_by_vllm(tmp_path: Path) -> None:
     """A fresh process whose installed metadata carries pyproject.toml's entry point (as
     ``pip install`` writes it): vLLM's own discovery finds it, and ``KVSPEC_RECORD`` alone makes a

@@ -40,10 +40,11 @@ def run_fuzz(tmp_path: Path, *extra: str) -> None:
     assert "no finding" in proc.stdout
 
 
+@pytest.mark.full  # about 15 s; the default tier fuzzes vLLM through ci/fuzz-vllm (tests/ci/test_ci_fuzz_vllm.py)
 def test_fuzz_vllm_against_the_spec(tmp_path, full_tier):
     run_fuzz(tmp_path, "--seconds", "45" if full_tier else "8")
 
 
-@pytest.mark.full  # about 16 s; the fuzz of vLLM against the spec stays in the default tier
+@pytest.mark.full  # about 16 s
 def test_fuzz_vllm_kv_contents(tmp_path, full_tier):
     run_fuzz(tmp_path, "--seconds", "30" if full_tier else "6", "--kv-check")
