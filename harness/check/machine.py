@@ -64,7 +64,9 @@ class RunStats:
     started: float = 0.0  # time.monotonic() when the campaign started
     first_finding_after: float | None = None  # seconds to the first failing example (before shrinking)
     known: Counter[str] = field(default_factory=Counter)  # known bug id -> hits (harness.ledger.known_bugs)
-    known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig]] = field(default_factory=dict)
+    known_first: dict[str, tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig, str]] = field(
+        default_factory=dict
+    )  # known bug id -> its first meeting: finding, steps, config, family
     # The shortest failing trace recorded so far (shrinking keeps improving it): what an interrupted
     # run reports (``harness.run.fuzzing``).
     best: tuple[Finding, list[tuple[O.Op, Any]], KVCacheConfig] | None = None
@@ -326,7 +328,7 @@ class KVMachine(RuleBasedStateMachine):
             self.stats.ops.update(self.ls.op_counts)
             self.stats.known.update(self.ls.known_hits)
             for bug_id, (finding, steps) in self.ls.known_first.items():
-                self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config))
+                self.stats.known_first.setdefault(bug_id, (finding, steps, self.ls.config, self.family))
 
 
 def make_machine(

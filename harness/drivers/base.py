@@ -200,7 +200,9 @@ def reduce_finding(
         raise
     except BaseException:  # noqa: BLE001 - see the docstring: keep it as recorded
         return trace, finding
+    recorded = len(trace.steps)
     trace.config, trace.steps, trace.finding = red.config, list(red.steps), red.finding.to_json()
+    trace.extra.setdefault("recorded_steps", recorded)  # for the report's "reduced from"
     return trace, red.finding
 
 

@@ -11,6 +11,8 @@ machines are made once per run, one per family, and share the run's ``RunStats``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import re
 import time
 import unittest
 from collections import Counter
@@ -33,6 +35,13 @@ from kvspec.harness.drivers.isolated import CRASHED, replay_isolated
 from kvspec.harness.targets.base import get_declined_families
 from kvspec.harness.traces.replay import ReplayResult, replay
 from kvspec.harness.traces.trace import Trace, trace_to_json
+
+KNOWN_PREFIX = re.compile(r"known bug K\d+ \([^)]*\): ")
+"""How a known bug's finding message starts (``harness.check.lockstep``: the bug's id and name)."""
+KNOWN_REDUCE_SECONDS = 5.0
+KNOWN_REDUCE_SHARE = 0.1
+"""A known bug's first trace is reduced for up to a tenth of the run's time, at most 5 s, after the
+run: its report (written once per ``--out`` folder) shows the smallest scenario found."""
 
 
 class LockstepDriver:
@@ -115,11 +124,38 @@ class LockstepDriver:
 
     def tally(self, elapsed: float) -> Tally:
         st, s = self.stats, self.settings
+        seconds = min(KNOWN_REDUCE_SECONDS, elapsed * KNOWN_REDUCE_SHARE)
         known_traces = {
-            bug_id: trace_to_json(run_trace(st, s, finding, steps, config, s.seed % SEED_RANGE))
-            for bug_id, (finding, steps, config) in st.known_first.items()
+            bug_id: trace_to_json(
+                self.reduce_known(
+                    run_trace(st, s, finding, steps, config, s.seed % SEED_RANGE, family), finding, seconds
+                )
+            )
+            for bug_id, (finding, steps, config, family) in st.known_first.items()
         }
         return Tally(st.examples, st.steps, Counter(st.events), Counter(st.known), known_traces, dict(st.skipped))
+
+    def reduce_known(self, trace: Trace, finding: Any, seconds: float) -> Trace:
+        """A known bug's first meeting (``finding``, its message naming the bug), reduced as a finding
+        is for up to ``seconds``: replayed with ``strict_known``, where the bug is raised rather than
+        counted, and kept while it still raises it; the message names the bug again.  As recorded
+        when it does not replay so, or nothing smaller does."""
+        from kvspec.harness.traces.reduce import run_ops
+
+        named = KNOWN_PREFIX.match(finding.message)
+        if named is None or seconds <= 0 or self.hooks.stopping():
+            return trace
+        checks = dataclasses.replace(self.settings.checks, strict_known=True)
+        try:
+            strict, _ = run_ops(trace.config, trace.ops, self.factory, checks)
+        except Exception:  # noqa: BLE001 - a target that does not replay outside the run: keep it as recorded
+            return trace
+        if strict is None or (strict.kind, strict.invariant) != (finding.kind, finding.invariant):
+            return trace
+        trace, reduced = reduce_finding(trace, strict, self.factory, checks, seconds, self.hooks.stopping)
+        if trace.finding is not None and not KNOWN_PREFIX.match(str(trace.finding.get("message", ""))):
+            trace.finding["message"] = named.group(0) + reduced.message
+        return trace
 
     def check_trace(self, trace: Trace, where: str) -> None:
         return None

@@ -2,9 +2,10 @@
 
 The folder is written atomically: everything goes into a temporary folder next to the
 destination, which is then renamed into place, so a reader never sees half a report.
-``report.md`` says what broke in one sentence, lists the (shrunk) steps, and draws, for the
-request of the failing step, its token layout in the style of vLLM's ``allocate_slots`` comment
-(``| comp | new_comp | ext_comp | new | lookahead |``) and its block tables before and after.
+``report.md`` says what broke in one sentence, lists the steps (reduced or as the run recorded
+them: it says which), and draws, for the request of the failing step, its token layout in the style
+of vLLM's ``allocate_slots`` comment (``| comp | new_comp | ext_comp | new | lookahead |``) and its
+block tables before and after.
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ def _default_name(trace: Trace) -> str:
 # --- rendering -----------------------------------------------------------------------------------
 
 
+def _steps_note(trace: Trace) -> str:
+    """How many steps, and whether kvspec's reducer made them fewer than the run recorded."""
+    recorded = trace.extra.get("recorded_steps")
+    if isinstance(recorded, int) and recorded > len(trace.steps):
+        return f"{len(trace.steps)}, reduced from the {recorded} the run recorded"
+    return f"{len(trace.steps)}, as the run recorded them"
+
+
 def render_report(trace: Trace) -> str:
     f = trace.finding or {}
     step = f.get("step")
@@ -100,7 +109,7 @@ def render_report(trace: Trace) -> str:
         f"- config: {_config_line(trace)}",
         f"- replay: {_replay_line(trace)}",
         "",
-        f"## Steps ({len(trace.steps)}, shrunk)",
+        f"## Steps ({_steps_note(trace)})",
         "",
         "```",
     ]

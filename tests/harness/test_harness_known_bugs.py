@@ -1,5 +1,6 @@
 """Known target bugs are data (harness/ledger/known_bugs.py): counted and reported once, never steering."""
 
+import re
 import subprocess
 import sys
 
@@ -53,7 +54,13 @@ def test_known_bugs_are_counted_not_failed_unless_strict(tmp_path, capsys, monke
     assert "kv-ledger" in capsys.readouterr().out
     # The known bug's report is honest about replay: a plain replay counts the bug and passes, the
     # strict one (what report.md says, and the folder's pytest file runs) fails while it is there.
-    assert "--strict-known` (exit 1 while the bug is there" in (report / "report.md").read_text()
+    text = (report / "report.md").read_text()
+    assert "--strict-known` (exit 1 while the bug is there" in text
+    # ... reduced (a replay with --strict-known keeps it while it still raises K1), under its family
+    assert "- family: `sliding_window`" in text and "known bug K1 (window_full_remote_load)" in text
+    steps = re.search(r"## Steps \((\d+), reduced from the (\d+) the run recorded\)", text)
+    assert steps is not None and int(steps.group(1)) <= 20, text[:600]
+    assert int(steps.group(1)) < int(steps.group(2))
     assert main(["replay", str(report)]) == 0
     assert main(["replay", str(report), "--strict-known"]) == 1
     (test_file,) = report.glob("test_replay_*.py")
