@@ -99,6 +99,12 @@ def _add_fuzz(sub: Any) -> None:
         help="N processes (1..256), one Hypothesis engine each, on the one database; the first finding stops all",
     )
     f.add_argument("--junit-xml", default=None, metavar="PATH", help="also write JUnit XML: one testcase per family")
+    f.add_argument(
+        "--sarif",
+        default=None,
+        metavar="PATH",
+        help="also write a SARIF 2.1.0 log: the finding (error) and the known bugs met (warning), for code scanning",
+    )
 
 
 def _add_fuzz_finding(f: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,9 @@ def finish_fuzz(opts: FuzzOptions, res: FuzzResult, verbose: bool) -> int:
             f"kvspec fuzz: no finding; target {opts.target}, {res.examples} examples, {res.steps} steps in {el:.1f}s "
             f"({res.steps / max(el, 1e-9):.0f} steps/s), families {','.join(ran)}{skipped}{detail}"
         )
-    _print_known(opts, res)
+    known_reports = _print_known(opts, res)
     junit_ok = _write_fuzz_junit_safely(opts, res, report)
+    junit_ok &= _tell_ci(opts, res, report, known_reports)
     if res.interrupted is not None:
         return exit_on_signal(res.interrupted)
     if res.trace is not None or res.stopped is not None:
@@ -149,11 +151,13 @@ def _umask() -> int:
     return mask
 
 
-def _print_known(opts: FuzzOptions, res: FuzzResult) -> None:
-    """The known bugs met (they do not fail the run): hits, and one report each, written once."""
+def _print_known(opts: FuzzOptions, res: FuzzResult) -> dict[str, Path | None]:
+    """The known bugs met (they do not fail the run): hits, and one report each, written once; where
+    each report is."""
     from kvspec.harness.ledger.known_bugs import get_known_bug
     from kvspec.harness.traces.trace import trace_from_json
 
+    written: dict[str, Path | None] = {}
     for bug_id, hits in sorted(res.known.items()):
         bug = get_known_bug(bug_id)
         name = f"known-{bug.id}-{bug.name}"
@@ -163,6 +167,52 @@ def _print_known(opts: FuzzOptions, res: FuzzResult) -> None:
         print(
             f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
         )
+        written[bug_id] = where if where is not None and where.exists() else None
+    return written
+
+
+def _tell_ci(opts: FuzzOptions, res: FuzzResult, report: Path | None, known: dict[str, Path | None]) -> bool:
+    """SARIF (``--sarif``), GitHub annotations and the step summary (under Actions), as
+    ``harness.run.ci_output`` says; False (and said on stderr) when a file cannot be written."""
+    from kvspec.harness import __version__
+    from kvspec.harness.run import ci_output
+
+    if not (opts.sarif or opts.github_annotations or opts.step_summary):
+        return True
+    outcomes = ci_output.get_outcomes(opts.target, res, report, known)
+    for line in ci_output.github_annotations(outcomes) if opts.github_annotations else ():
+        print(line)
+    ok = True
+    if opts.sarif:
+        ok &= _written(
+            "the SARIF log", opts.sarif, lambda: ci_output.write_sarif(opts.sarif or "", outcomes, __version__)
+        )
+    if opts.step_summary:
+        text = _ci_summary(res, outcomes)
+        ok &= _written(
+            "the step summary", opts.step_summary, lambda: ci_output.append_step_summary(opts.step_summary or "", text)
+        )
+    return ok
+
+
+def _written(what: str, path: str, write: Callable[[], None]) -> bool:
+    """``write()``; False, and said on stderr, when it cannot."""
+    try:
+        write()
+    except OSError as e:
+        print(f"kvspec fuzz: ERROR: could not write {what} to {path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _ci_summary(res: FuzzResult, outcomes: list[Any]) -> str:
+    from kvspec.harness.run import ci_output
+
+    if res.trace is not None:
+        headline = "**The run failed on a finding**: its report and how to replay it are below."
+    else:
+        headline = f"No finding: {res.examples} examples, {res.steps} steps in {res.elapsed:.0f}s."
+    return ci_output.step_summary(outcomes, headline)
 
 
 def _write_fuzz_junit_safely(opts: FuzzOptions, res: FuzzResult, report: Any) -> bool:

@@ -78,6 +78,9 @@ class FuzzOptions:
     workers: int = 1  # processes on the one database (harness.run.workers)
     in_process: bool = False  # the target in kvspec's own process (a crash ends the run; for a debugger)
     junit_xml: str | None = None  # also write JUnit XML here
+    sarif: str | None = None  # also write a SARIF log here (harness.run.ci_output)
+    github_annotations: bool = False  # print GitHub workflow commands (GITHUB_ACTIONS=true)
+    step_summary: str | None = None  # append Markdown to GitHub's step summary (GITHUB_STEP_SUMMARY)
     memory_mb: float | None = None  # the target's memory growth bound (KVSPEC_TARGET_MEMORY_MB; None: off)
     full_check_every: int | None = None  # whole observations every N operations (KVSPEC_FULL_CHECK_EVERY; None: auto)
     assume_release: str | None = (
@@ -212,10 +215,11 @@ def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
     with _as_usage_error():
         check_database(ns.db)
         profile_settings(ns.profile)
-    if ns.junit_xml is not None:
-        if not ns.junit_xml or Path(ns.junit_xml).is_dir():
-            raise UsageError(f"--junit-xml {ns.junit_xml!r}: not a file name (empty, or a folder)")
-        check_writable_folder("--junit-xml", str(Path(ns.junit_xml).parent), ns.junit_xml)
+    for option, path in (("--junit-xml", ns.junit_xml), ("--sarif", getattr(ns, "sarif", None))):
+        if path is not None:
+            if not path or Path(path).is_dir():
+                raise UsageError(f"{option} {path!r}: not a file name (empty, or a folder)")
+            check_writable_folder(option, str(Path(path).parent), path)
     return families
 
 
@@ -288,8 +292,9 @@ def check_new_file(option: str, path: str) -> None:
 def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings kvspec takes from the environment, checked (``UsageError`` names the variable):
     ``db`` (``KVSPEC_DB``), ``memory_mb`` (``KVSPEC_TARGET_MEMORY_MB``), ``full_check_every``
-    (``KVSPEC_FULL_CHECK_EVERY``), ``assume_release`` (``KVSPEC_VLLM_PROFILE``).  Only the edges call
-    it: the CLI, the pytest plugin."""
+    (``KVSPEC_FULL_CHECK_EVERY``), ``assume_release`` (``KVSPEC_VLLM_PROFILE``), and under GitHub
+    Actions ``github_annotations`` (``GITHUB_ACTIONS=true``) and ``step_summary``
+    (``GITHUB_STEP_SUMMARY``).  Only the edges call it: the CLI, the pytest plugin."""
     from kvspec.harness.check.memory_guard import parse_memory_bound
     from kvspec.harness.core.glimpse import parse_full_check_every
 
@@ -299,4 +304,6 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
             "memory_mb": parse_memory_bound(environ.get("KVSPEC_TARGET_MEMORY_MB", "")),
             "full_check_every": parse_full_check_every(environ.get("KVSPEC_FULL_CHECK_EVERY", "auto")),
             "assume_release": environ.get("KVSPEC_VLLM_PROFILE", "").strip() or None,
+            "github_annotations": environ.get("GITHUB_ACTIONS", "") == "true",
+            "step_summary": environ.get("GITHUB_STEP_SUMMARY", "").strip() or None,
         }

@@ -166,6 +166,7 @@ NEEDS = {
     "actions/checkout": {"contents": "read"},
     "mikepenz/action-junit-report": {"checks": "write"},
     "peter-evans/create-pull-request": {"contents": "write", "pull-requests": "write"},
+    "github/codeql-action/upload-sarif": {"security-events": "write"},
 }
 LEVEL = {"none": 0, "read": 1, "write": 2}
 
