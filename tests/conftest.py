@@ -21,6 +21,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under GitHub Actions every ``kvspec fuzz`` would annotate the job and write to its step summary
+# (harness/run/ci_output.py): the tests' own runs must not, so the variables go for the whole session,
+# subprocesses included; tests/harness/test_ci_output.py sets them where it checks that output.
+for _name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
+    os.environ.pop(_name, None)
+
 
 def is_full_tier() -> bool:
     return os.environ.get("KVSPEC_FULL") == "1"
