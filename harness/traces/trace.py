@@ -7,6 +7,9 @@ departure raises ``TraceFormatError`` (from ``harness.core.strict_json``) naming
 the bad field, e.g. ``trace.json: config.groups[0].sliding_window: expected an int >= 1 and <= 1048576,
 got 2.5``; the CLI turns it into exit 2.  A trace never chooses code to run: its ``target.name`` is a
 label, which ``kvspec replay`` uses only if it is a built-in target (``harness.traces.replay``).
+The same schema is published as a JSON Schema, ``docs/trace.schema.json``
+(``harness.traces.json_schema``: generated from these definitions, and tested to refuse what this
+reader refuses, but for the rules across fields it cannot express).
 
 Schema (version 1); ``T`` = ``MAX_TOKENS`` = 2**20, ``B`` = ``MAX_NUM_BLOCKS`` = 2**20::
 
@@ -53,7 +56,7 @@ at most 1024 objects {"identifier": str, "offset": int in [0, T], "length": int 
 ``true``/``false`` only; ``status`` a ``spec.request.RequestStatus`` value.
 
 Outcomes (docs/targets.md; ``null`` is always allowed: the reference raised or hung there):
-``get_computed_blocks`` {"block_ids": [[block id] per group], "num_hit_tokens": int in [0, T]};
+``get_computed_blocks`` {"block_ids": [[block id] per group], "num_hit_tokens": int >= 0};
 ``allocate_slots`` {"block_ids": [[block id] per group]}; ``reset_prefix_cache`` a bool;
 ``take_events`` a list (at most 2**16) of events {"type": "BlockStored", "block_hashes": [str],
 "parent_block_hash": null | str, "token_ids": [token id], "block_size": int, "group_id": int} |
