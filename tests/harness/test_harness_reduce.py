@@ -15,7 +15,14 @@ from kvspec.harness.traces.trace import read_trace
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+SLOW = {"cache_drafts", "hits_not_touched"}  # 5-7 s each: the full tier
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.full) if p.stem in SLOW else p for p in CORPUS],
+    ids=[p.stem for p in CORPUS],
+)
 def test_reduced_trace_keeps_the_finding_and_is_no_longer(path):
     trace = read_trace(path)
     mutant = lambda: make_mutant(path.stem)  # noqa: E731 - the corpus file is named after its bug

@@ -118,7 +118,11 @@ def test_the_pytest_plugin_checks_its_options(tmp_path: Path, argv: list[str], f
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=FULL)])
 @pytest.mark.parametrize(
-    "argv", [["pd", "check", "--seconds", "100"], ["pd", "verify", "--requests", "3", "--dup", "3"]]
+    "argv",
+    [
+        pytest.param(["pd", "check", "--seconds", "100"], marks=FULL),  # about 8 s: the full tier
+        ["pd", "verify", "--requests", "3", "--dup", "3"],
+    ],
 )
 def test_a_signal_stops_pd_cleanly(tmp_path: Path, argv: list[str], signum: signal.Signals) -> None:
     cmd = [sys.executable, "-m", "kvspec.harness", *argv]
