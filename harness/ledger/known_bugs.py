@@ -17,6 +17,7 @@ condition (``kvspec prove``) and a reproduction on vLLM's real scheduler or mana
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -253,3 +254,54 @@ def match_known_bug(signature: dict[str, Any]) -> KnownBug | None:
 
 def get_known_bug(bug_id: str) -> KnownBug:
     return next(b for b in KNOWN_BUGS if b.id == bug_id)
+
+
+_ACCESS = re.compile(
+    r"Request (?P<rid>\S+): token (?P<token>\d+) (?P<verb>reads|writes|publishes) position (?P<pos>\d+) in "
+    r"(?P<where>the null block|block \d+) \(group (?P<group>\d+)\)(?:; needs (?P<needs>.+?), holds (?P<holds>.+))?$"
+)
+_GROUP = re.compile(r"^(?:known bug \S+ \([^)]*\): )?\w+: (?P<kind>\w+)\((?P<params>[^)]*)\)")
+
+
+def describe_meeting(bug: KnownBug, message: str) -> str:
+    """The first paragraph of a known bug's report, in vLLM's terms: what the bug is, which request
+    read or wrote which position in which block here, what that does, and where the write-up is
+    (``message``: the ledger finding's summary; a message of another shape gets the bug alone)."""
+    head = f"**What went wrong.** Known bug {bug.id}, in {_for_vllm(bug.affected)}: {bug.title}."
+    tail = f"The write-up gives the conditions, a reproduction on vLLM's own code and a fix: {bug.report}."
+    access, group = _ACCESS.search(message), _GROUP.search(message)
+    if access is None or group is None:
+        return f"{head} {tail}"
+    a = access.groupdict()
+    block = "the null block (block 0)" if a["where"] == "the null block" else a["where"]
+    where = f"{block} of group {a['group']} ({group['kind'].replace('_', ' ')}, {group['params']})"
+    if a["verb"] == "reads":
+        what = (
+            f"Here request `{a['rid']}`, computing token {a['token']}, reads position {a['pos']} from {where}, "
+            f"where its attention needs the KV written for that position; it finds {_held(a['holds'])}, "
+            "so the token is computed from KV that is not its own."
+        )
+    elif a["verb"] == "writes":
+        what = (
+            f"Here request `{a['rid']}`, computing token {a['token']}, writes the KV of position {a['pos']} into "
+            f"{where}: that KV is lost, and the position's later reads get something else."
+        )
+    else:
+        what = (
+            f"Here request `{a['rid']}` publishes position {a['pos']} in {where} for reuse before its KV is "
+            "written: another request's prefix hit would read it."
+        )
+    return f"{head} {what} {tail}"
+
+
+def _for_vllm(affected: str) -> str:
+    """``affected`` without what it says of kvspec's own targets (``spec:``, ``impl:``)."""
+    head, _, notes = affected.partition(" (")
+    kept = [n for n in notes.rstrip(")").split("; ") if n and not n.startswith(("spec:", "impl:"))]
+    return f"{head} ({'; '.join(kept)})" if kept else head
+
+
+def _held(holds: str | None) -> str:
+    if holds in (None, "unwritten"):
+        return "nothing written there"
+    return f"the KV of {holds}"

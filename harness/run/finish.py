@@ -154,7 +154,7 @@ def _umask() -> int:
 def _print_known(opts: FuzzOptions, res: FuzzResult) -> dict[str, Path | None]:
     """The known bugs met (they do not fail the run): hits, and one report each, written once; where
     each report is."""
-    from kvspec.harness.ledger.known_bugs import get_known_bug
+    from kvspec.harness.ledger.known_bugs import describe_meeting, get_known_bug
     from kvspec.harness.traces.trace import trace_from_json
 
     written: dict[str, Path | None] = {}
@@ -163,7 +163,11 @@ def _print_known(opts: FuzzOptions, res: FuzzResult) -> dict[str, Path | None]:
         name = f"known-{bug.id}-{bug.name}"
         where: Path | None = Path(opts.out) / name
         if bug_id in res.known_traces and not (Path(opts.out) / name).exists():
-            where = write_report_safely(opts.out, trace_from_json(res.known_traces[bug_id]), name=name)
+            trace = trace_from_json(res.known_traces[bug_id])
+            trace.extra.setdefault(
+                "what_went_wrong", describe_meeting(bug, str((trace.finding or {}).get("message", "")))
+            )
+            where = write_report_safely(opts.out, trace, name=name)
         print(
             f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
         )

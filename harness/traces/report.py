@@ -102,6 +102,9 @@ def render_report(trace: Trace) -> str:
     step = f.get("step")
     lines = [f"# kvspec report: {f.get('kind', 'trace')} on target `{trace.target_name}`", ""]
     lines.append(f"**{_one_sentence(trace)}**")
+    plain = trace.extra.get("what_went_wrong")
+    if isinstance(plain, str) and plain:
+        lines += ["", plain]  # the run's own words (a known bug's report: harness.ledger.known_bugs)
     lines += [
         "",
         f"- target: `{trace.target_name}` {trace.target_version}".rstrip(),

@@ -58,6 +58,13 @@ def test_known_bugs_are_counted_not_failed_unless_strict(tmp_path, capsys, monke
     assert "--strict-known` (exit 1 while the bug is there" in text
     # ... reduced (a replay with --strict-known keeps it while it still raises K1), under its family
     assert "- family: `sliding_window`" in text and "known bug K1 (window_full_remote_load)" in text
+    # ... and its first paragraph says, in vLLM's terms, what the bug is and what this request did
+    plain = text.split("**What went wrong.** ", 1)[1].split("\n", 1)[0]
+    assert (
+        plain.startswith("Known bug K1, in vLLM 0.23.0-0.34.0: ")
+        and "docs/upstream/full-remote-load-window.md" in plain
+    )
+    assert re.search(r"Here request `r\d+`, computing token \d+, (reads|writes)", plain), plain
     steps = re.search(r"## Steps \((\d+), reduced from the (\d+) the run recorded\)", text)
     assert steps is not None and int(steps.group(1)) <= 20, text[:600]
     assert int(steps.group(1)) < int(steps.group(2))
@@ -79,3 +86,22 @@ def test_fuzz_options_do_not_leak_into_the_environment(tmp_path, monkeypatch):
     args = ["fuzz", "--target", "spec", "--family", "full", "--seconds", "1", "--out", str(tmp_path)]
     main([*args, "--strict-known", "--no-ledger"])
     assert "KVSPEC_STRICT_KNOWN" not in os.environ and "KVSPEC_LEDGER" not in os.environ
+
+
+def test_a_meeting_is_described_in_vllms_terms():
+    from kvspec.harness.ledger.known_bugs import describe_meeting, get_known_bug
+
+    k2 = get_known_bug("K2")
+    read = (
+        "known bug K2 (window_invalid_block_recovery): kv_read_in_real_block: sliding_window(W=4, bs=2), prompt 2 "
+        "tokens, position from external load, recomputed after load recovery. Request r2: token 4 reads position 1 "
+        "in the null block (group 0); needs prefix #2 (first: r2 position 1), holds unwritten"
+    )
+    text = describe_meeting(k2, read)
+    assert "Known bug K2, in vLLM 0.23.0-0.34.0: invalid-block recovery" in text and "spec:" not in text
+    assert "request `r2`, computing token 4, reads position 1 from the null block (block 0) of group 0" in text
+    assert "(sliding window, W=4, bs=2)" in text and "nothing written there" in text and k2.report in text
+    write = read.replace("token 4 reads position 1 in the null block", "token 1 writes position 1 in block 7")
+    assert "writes the KV of position 1 into block 7 of group 0" in describe_meeting(k2, write)
+    other = describe_meeting(k2, "invariant conservation broken")  # another shape: the bug alone
+    assert "Here request" not in other and k2.title in other
