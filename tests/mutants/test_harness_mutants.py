@@ -7,7 +7,12 @@ from kvspec.harness.mutants.spec import MUTANTS, make_mutant
 pytestmark = pytest.mark.mutant
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+SLOW = {"cache_drafts", "hits_not_touched"}
+"""8-10 s each to find from scratch: the full tier (every tier replays their corpus traces, which must
+still catch them: tests/corpus)."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in SLOW else n for n in sorted(MUTANTS)])
 def test_mutant_is_reported(name, machine_run):
     kw = {"examples": None, "seed": 11, "shrink_seconds": 5, "profile": "ci", "expect": "finding"}
     stats = machine_run(MUTANTS[name].family, lambda: make_mutant(name), f"mutant:{name}", **kw)
