@@ -19,11 +19,11 @@ Imports: harness.run, harness.traces, harness.ledger.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvspec.harness.run.paths import write_file_atomically
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -57,7 +57,7 @@ def get_outcomes(target: str, res: Any, report: Path | None, known_reports: dict
     for bug_id, hits in sorted(res.known.items()):
         bug = get_known_bug(bug_id)
         where = known_reports.get(bug_id)
-        replay = f"kvspec replay {where} --strict-known" if where is not None else None
+        replay = f"{replay_command(where, target)} --strict-known" if where is not None else None
         message = f"known bug {bug.id} ({bug.name}): {hits} hits; counted, not failing the run; upstream: {bug.status}"
         out.append(
             Outcome(f"known-bug/{bug.id}", "warning", f"kvspec: known bug {bug.id}", message, where, replay, bug.report)
@@ -88,7 +88,7 @@ def sarif_log(outcomes: list[Outcome], version: str) -> dict[str, Any]:
 
 def write_sarif(path: str | Path, outcomes: list[Outcome], version: str) -> None:
     """``sarif_log`` written atomically to ``path``."""
-    _write_atomically(Path(path), json.dumps(sarif_log(outcomes, version), indent=2) + "\n")
+    write_file_atomically(Path(path), (json.dumps(sarif_log(outcomes, version), indent=2) + "\n").encode())
 
 
 def github_annotations(outcomes: list[Outcome]) -> list[str]:
@@ -129,14 +129,3 @@ def _escape_data(text: str) -> str:
 
 def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

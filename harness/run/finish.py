@@ -186,23 +186,19 @@ def _tell_ci(opts: FuzzOptions, res: FuzzResult, report: Path | None, known: dic
     outcomes = ci_output.get_outcomes(opts.target, res, report, known)
     for line in ci_output.github_annotations(outcomes) if opts.github_annotations else ():
         print(line)
-    ok = True
-    if opts.sarif:
-        ok &= _written(
-            "the SARIF log", opts.sarif, lambda: ci_output.write_sarif(opts.sarif or "", outcomes, __version__)
-        )
-    if opts.step_summary:
-        text = _ci_summary(res, outcomes)
-        ok &= _written(
-            "the step summary", opts.step_summary, lambda: ci_output.append_step_summary(opts.step_summary or "", text)
-        )
-    return ok
+    sarif_ok = _written("the SARIF log", opts.sarif, lambda p: ci_output.write_sarif(p, outcomes, __version__))
+    summary_ok = _written(
+        "the step summary", opts.step_summary, lambda p: ci_output.append_step_summary(p, _ci_summary(res, outcomes))
+    )
+    return sarif_ok and summary_ok
 
 
-def _written(what: str, path: str, write: Callable[[], None]) -> bool:
-    """``write()``; False, and said on stderr, when it cannot."""
+def _written(what: str, path: str | None, write: Callable[[str], None]) -> bool:
+    """``write(path)`` when a path is given; False, and said on stderr, when it cannot be written."""
+    if not path:
+        return True
     try:
-        write()
+        write(path)
     except OSError as e:
         print(f"kvspec fuzz: ERROR: could not write {what} to {path}: {type(e).__name__}: {e}", file=sys.stderr)
         return False
@@ -221,15 +217,7 @@ def _ci_summary(res: FuzzResult, outcomes: list[Any]) -> str:
 
 def _write_fuzz_junit_safely(opts: FuzzOptions, res: FuzzResult, report: Any) -> bool:
     """The JUnit XML, if asked for; False (and said on stderr) when it cannot be written after all."""
-    path = opts.junit_xml
-    if not path:
-        return True
-    try:
-        _write_fuzz_junit(path, opts, res, report)
-    except OSError as e:
-        print(f"kvspec fuzz: ERROR: could not write the JUnit XML to {path}: {type(e).__name__}: {e}", file=sys.stderr)
-        return False
-    return True
+    return _written("the JUnit XML", opts.junit_xml, lambda p: _write_fuzz_junit(p, opts, res, report))
 
 
 def _write_fuzz_junit(path: str, opts: FuzzOptions, res: FuzzResult, report: Any) -> None:

@@ -9,12 +9,12 @@ the same folder, then renamed), so a CI step never uploads half a report.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvspec.harness.run.paths import write_file_atomically
 
 # XML 1.0 forbids most control characters, even escaped.
 _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -69,13 +69,5 @@ def write_junit(path: str | Path, suite: str, cases: list[Case], time: float) ->
     """Write the document atomically; return the path."""
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    data = render_junit(suite, cases, time)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomically(dest, render_junit(suite, cases, time))
     return dest

@@ -215,7 +215,7 @@ def _check_fuzz_options(ns: argparse.Namespace) -> tuple[str, ...]:
     with _as_usage_error():
         check_database(ns.db)
         profile_settings(ns.profile)
-    for option, path in (("--junit-xml", ns.junit_xml), ("--sarif", getattr(ns, "sarif", None))):
+    for option, path in (("--junit-xml", ns.junit_xml), ("--sarif", ns.sarif)):
         if path is not None:
             if not path or Path(path).is_dir():
                 raise UsageError(f"{option} {path!r}: not a file name (empty, or a folder)")

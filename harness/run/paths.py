@@ -1,5 +1,6 @@
 """Paths kvspec writes to, checked before any work: ``probe_writable_folder`` (``--out``, the example
-database), its one implementation for ``harness.run.options`` and ``harness.run.profiles``."""
+database), its one implementation for ``harness.run.options`` and ``harness.run.profiles``; and
+``write_file_atomically``, how a run's result files (JUnit, SARIF) are written."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def probe_writable_folder(folder: str) -> None:
         for p in missing:
             with contextlib.suppress(OSError):
                 p.rmdir()
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """``data`` into ``path``: written to a temp file beside it, then renamed into place, so a reader
+    never sees half a file (the temp file is removed if anything fails)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

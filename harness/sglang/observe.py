@@ -68,7 +68,7 @@ def observe_cache(c: SglangCache, natives: Mapping[str, Any], computed: Mapping[
         for rid, t in tables[c.swa_group].items():
             reads += [[rid, b, page_node[b], "swa"] for b in t[windows[rid] // p :] if b in page_node]
     facts = {
-        "sizes": _sizes(c),
+        "sizes": get_pool_sizes(c),
         "tree": nodes,
         "sanity": _sanity(c),
         "live": len(live),
@@ -194,7 +194,7 @@ def path_hashes(
     return _chain(config, path, extra_key, salt)
 
 
-def _sizes(c: SglangCache) -> dict[str, dict[str, int]]:
+def get_pool_sizes(c: SglangCache) -> dict[str, dict[str, int]]:
     """What SGLang reports per pool, in tokens (a hybrid allocator's ``available_size`` is the
     smaller pool's: each pool is read on its own)."""
     a, tree, p = c.allocator, c.tree, c.page_size

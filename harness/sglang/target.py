@@ -43,7 +43,7 @@ from kvspec.harness.core.book import BookRequest
 from kvspec.harness.core.observation import Observation
 from kvspec.harness.sglang.build import SglangCache, build_cache
 from kvspec.harness.sglang.load import load_sglang
-from kvspec.harness.sglang.observe import get_pad_value, observe_cache, window_table
+from kvspec.harness.sglang.observe import get_pad_value, get_pool_sizes, observe_cache, window_table
 from kvspec.harness.targets.adapter import BlockIds, ManagerAdapter
 from kvspec.harness.targets.base import Unsupported
 from kvspec.harness.targets.spec import make_spec_request
@@ -325,17 +325,11 @@ class SglangTarget(ManagerAdapter[SglRequest]):
         """The pages to add fit in available plus evictable tokens.  Simpler than SGLang's
         ``PrefillAdder``, which also holds back room for the running requests' future decode tokens
         (``new_token_ratio``): this target admits more than SGLang would, and kvspec's world then
-        preempts more (docs/sglang.md)."""
+        preempts more (docs/sglang.md).  A hybrid takes a page of each pool per page of the row."""
         c = self._c()
         p = c.page_size
         need = (-(-seq // p) - (-(-have // p))) * p
-        if c.swa_group is not None:  # a hybrid: a page of each pool per page of the row
-            a = c.allocator
-            return bool(
-                need <= a.full_available_size() + c.tree.evictable_size()
-                and need <= a.swa_available_size() + c.tree.swa_evictable_size()
-            )
-        return bool(need <= c.allocator.available_size() + c.tree.evictable_size())
+        return all(need <= s["available"] + s["evictable"] for s in get_pool_sizes(c).values())
 
     def _alloc_extend(self, last: Any, have: int, seq: int) -> Any:
         c = self._c()

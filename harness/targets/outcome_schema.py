@@ -40,7 +40,7 @@ FORMS: dict[type, str] = {
 NONE_FORM = "None"
 OBSERVATION_FORM = "an Observation (harness/core/observation.py) with one table per group and one entry per block"
 
-_EVENT_KEYS = {
+EVENT_KEYS = {  # the fields of each event type (also the trace's JSON Schema: harness.traces.json_schema)
     "BlockStored": frozenset({"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "group_id"}),
     "BlockRemoved": frozenset({"type", "block_hashes", "group_id"}),
     "AllBlocksCleared": frozenset({"type"}),
@@ -218,9 +218,9 @@ def check_take_events(out: Any, num_groups: int, num_blocks: int) -> None:
         where = f"outcome[{i}]"
         _container(e, dict, where, "an event dict")
         kind = e.get("type")
-        keys = _EVENT_KEYS.get(kind) if type(kind) is str else None
+        keys = EVENT_KEYS.get(kind) if type(kind) is str else None
         if keys is None:
-            _bad(f"{where}.type", f"one of {sorted(_EVENT_KEYS)}", e.get("type"))
+            _bad(f"{where}.type", f"one of {sorted(EVENT_KEYS)}", e.get("type"))
         _keys(e, where, keys)
         if "group_id" in keys:
             _int(e["group_id"], f"{where}.group_id", 0, num_groups)

@@ -31,6 +31,7 @@ from typing import Any
 from kvspec.harness.core import strict_json as J
 from kvspec.harness.core.equality import RELATIONS
 from kvspec.harness.core.ops import OP_TYPES, REQUEST_STATUSES
+from kvspec.harness.targets.outcome_schema import EVENT_KEYS
 from kvspec.harness.traces.schema import INT32, MAX_EVENTS, MAX_GROUPS, MAX_LONG_TEXT
 from kvspec.harness.traces.trace import ATTENTION_KINDS, MAX_STEPS, TRACE_VERSION
 from kvspec.spec.config import HashAlgo
@@ -116,7 +117,8 @@ def get_field_schema(name: str, kind: str) -> dict[str, Any]:
 def get_outcome_schema(op: str) -> dict[str, Any]:
     """What a step of ``op`` records as its outcome (``null``: the reference raised or hung)."""
     tables = array(array(BLOCK_ID, J.MAX_NUM_BLOCKS), MAX_GROUPS)
-    events = array({"type": "object", "properties": {"type": {"enum": EVENT_TYPES}}, "required": ["type"]}, MAX_EVENTS)
+    kinds = {"enum": list(EVENT_KEYS)}
+    events = array({"type": "object", "properties": {"type": kinds}, "required": ["type"]}, MAX_EVENTS)
     found = {
         "get_computed_blocks": record({"block_ids": tables, "num_hit_tokens": {"type": "integer", "minimum": 0}}),
         "allocate_slots": record({"block_ids": tables}),
@@ -124,9 +126,6 @@ def get_outcome_schema(op: str) -> dict[str, Any]:
         "take_events": events,
     }.get(op)
     return {"type": "null"} if found is None else nullable(found)
-
-
-EVENT_TYPES = ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
 
 
 def get_step_schema(op: str, cls: type) -> dict[str, Any]:
