@@ -93,6 +93,7 @@ def test_replay_refuses_doctored_overrides(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.vllm
+@pytest.mark.full  # about 10 s; a scheduler finding's reduction and replay stay in the default tier (above)
 def test_an_agreement_finding_is_reduced_where_it_happened_and_its_report_replays(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -38,6 +38,7 @@ def test_clean_run_of_each_family(family: str) -> None:
         assert ops["cache_blocks"]
 
 
+@pytest.mark.full  # about 6 s: what the connector family reaches, not a check of vLLM
 def test_connector_runs_cover_loads_and_failures() -> None:
     ops: Counter[str] = Counter()
     for i in range(20):
