@@ -114,7 +114,7 @@ def _shrunk(opts: FuzzOptions, res: FuzzResult) -> str:
     return f"then shrunk to {res.shrunk_steps} steps in {res.shrink_examples} examples"
 
 
-def write_report_safely(out: str | Path, trace: Any, name: str | None = None) -> Path | None:
+def write_report_safely(out: str | Path, trace: Any, name: str | None = None, replace: bool = False) -> Path | None:
     """``write_report`` under ``out``; when that fails (disk full, the folder removed meanwhile), under a
     fresh folder of the system temp dir, said loudly on stderr; when that fails too, the trace JSON is
     printed on stdout.  A finding is never lost.  The path written, or None."""
@@ -122,7 +122,7 @@ def write_report_safely(out: str | Path, trace: Any, name: str | None = None) ->
     from kvspec.harness.traces.trace import dumps_trace
 
     try:
-        return write_report(out, trace, name=name)
+        return write_report(out, trace, name=name, replace=replace)
     except OSError as e:
         error = f"{type(e).__name__}: {e}"
     try:
@@ -162,14 +162,15 @@ def _print_known(opts: FuzzOptions, res: FuzzResult) -> dict[str, Path | None]:
         bug = get_known_bug(bug_id)
         name = f"known-{bug.id}-{bug.name}"
         where: Path | None = Path(opts.out) / name
-        if bug_id in res.known_traces and not (Path(opts.out) / name).exists():
+        if bug_id in res.known_traces:  # this run's meeting replaces an earlier run's report
             trace = trace_from_json(res.known_traces[bug_id])
             trace.extra.setdefault(
                 "what_went_wrong", describe_meeting(bug, str((trace.finding or {}).get("message", "")))
             )
-            where = write_report_safely(opts.out, trace, name=name)
+            where = write_report_safely(opts.out, trace, name=name, replace=True)
         print(
-            f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits; {bug.status}; report {where}; see {bug.report}"
+            f"kvspec fuzz: known bug {bug.id} ({bug.name}): {hits} hits, counted, not failing the run; "
+            f"upstream: {bug.status}; report {where}; see {bug.report}"
         )
         written[bug_id] = where if where is not None and where.exists() else None
     return written

@@ -83,7 +83,8 @@ def _database(spec: str) -> ExampleDatabase:
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError as e:
         raise ValueError(
-            f"example database {spec!r} needs the redis client (pip install redis; ci/setup installs it): {e}"
+            f"example database {spec!r} needs the redis client (install kvspec[redis], or pip install redis;"
+            f" ci/setup installs it): {e}"
         ) from None
     client = redis.Redis(host=url.hostname, port=port, db=int(path), password=url.password, socket_connect_timeout=5)
     return RedisExampleDatabase(client)

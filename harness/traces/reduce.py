@@ -13,7 +13,10 @@ makes progress or the time budget is spent:
 4. shorten prompts from the end, and shrink the pool (``num_blocks``) and ``max_model_len``.
 
 A candidate that makes the spec reject an operation, or ends in another finding, is simply not
-kept: the reduced trace always replays to the same finding, exactly like the original.
+kept: the reduced trace always replays to the same finding, exactly like the original.  Nor is one
+no scheduler would send (``harness.core.scheduler_contract``: a prompt or an allocation past
+``max_model_len``, more tokens scheduled than the request has), when the original trace was one a
+scheduler could send.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
 from kvspec.harness.core import ops as O
 from kvspec.harness.core.flight import FLIGHT
+from kvspec.harness.core.scheduler_contract import get_contract_problem, get_pad_allowance
 from kvspec.harness.targets.base import Target, Unsupported
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.spec.config import ConfigError, KVCacheConfig
@@ -135,6 +139,15 @@ class _Reducer:
         self.deadline, self.should_stop = deadline, should_stop
         self.replays = 0
         self.steps: list[tuple[O.Op, object]] = []
+        # The scheduler's bounds, kept when the original trace keeps them (harness.core.scheduler_contract).
+        self.pad_allowance = get_pad_allowance(ops)
+        self.keeps_contract = get_contract_problem(config, ops, self.pad_allowance, require_used=False) is None
+
+    def is_schedulable(self, config: KVCacheConfig, ops: Ops) -> bool:
+        """Could a scheduler send ``ops`` (when the original could; else anything goes)?"""
+        if not self.keeps_contract:
+            return True
+        return get_contract_problem(config, ops, self.pad_allowance, require_used=False) is None
 
     def out_of_time(self) -> bool:
         """The budget is spent: the deadline passed, or ``should_stop()`` says so (``kvspec fuzz`` on a signal)."""
@@ -142,7 +155,7 @@ class _Reducer:
 
     def try_candidate(self, config: KVCacheConfig, ops: Ops) -> bool:
         """Keep ``(config, ops)`` if it still ends in the same finding (cut at that step)."""
-        if self.out_of_time():
+        if self.out_of_time() or not self.is_schedulable(config, ops):
             return False
         self.replays += 1
         found, steps = self.runner(config, ops, self.target_factory, self.checks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -47,16 +48,18 @@ def test_replay_{ident}() -> None:
 manager lockstep replays its operations; vLLM's real scheduler re-drives its recorded run)."""
 
 
-def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> Path:
+def write_report(out_dir: str | Path, trace: Trace, name: str | None = None, replace: bool = False) -> Path:
     """Write the report folder for ``trace`` under ``out_dir``; return its path.  The folder gets the
     usual permissions (0777, files 0666, minus the umask: a CI uploader running as another user can
-    read it), not ``mkdtemp``'s 0700."""
+    read it), not ``mkdtemp``'s 0700.  An existing folder of that name is kept and the new one named
+    ``NAME-2`` and so on, unless ``replace``: then the new folder, written whole beside it, takes its
+    place (a known bug's report is the latest run's meeting, not an earlier run's)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = name or _default_name(trace)
     dest = out / name
     n = 1
-    while dest.exists():
+    while dest.exists() and not replace:
         n += 1
         dest = out / f"{name}-{n}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out))
@@ -71,11 +74,22 @@ def write_report(out_dir: str | Path, trace: Trace, name: str | None = None) -> 
         mask = os.umask(0o022)  # reading the umask means setting it: put back at once
         os.umask(mask)
         os.chmod(tmp, 0o777 & ~mask)  # the files were created 0666 & ~umask already
+        old = _move_aside(dest, out) if replace and dest.exists() else None
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def _move_aside(folder: Path, out: Path) -> Path:
+    """Rename ``folder`` to a hidden name under ``out`` (to be removed once its successor is in place)."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old-", dir=out))
+    aside.rmdir()
+    folder.rename(aside)
+    return aside
 
 
 def _default_name(trace: Trace) -> str:
@@ -101,12 +115,15 @@ def render_report(trace: Trace) -> str:
     f = trace.finding or {}
     step = f.get("step")
     lines = [f"# kvspec report: {f.get('kind', 'trace')} on target `{trace.target_name}`", ""]
-    lines.append(f"**{_one_sentence(trace)}**")
+    headline, detail = _headline(trace)
+    lines.append(f"**{headline}**")
     plain = trace.extra.get("what_went_wrong")
     if isinstance(plain, str) and plain:
         lines += ["", plain]  # the run's own words (a known bug's report: harness.ledger.known_bugs)
+    lines.append("")
+    if detail:
+        lines.append(f"- the check's words: {detail}")
     lines += [
-        "",
         f"- target: `{trace.target_name}` {trace.target_version}".rstrip(),
         f"- family: `{trace.family}`, seed: `{trace.seed}`, profile: `{trace.profile}`, relation: `{trace.relation}`",
         f"- config: {_config_line(trace)}",
@@ -187,10 +204,27 @@ def replay_command(folder: str | Path, target_name: str) -> str:
     return f"kvspec replay {folder} --target {target_name}"
 
 
-def _one_sentence(trace: Trace) -> str:
+SHORT = 100  # a check's message at most this long goes in the headline itself
+
+
+def _headline(trace: Trace) -> tuple[str, str | None]:
+    """The report's bold first line: what kind of finding, where, which known bug; and the check's
+    own message when it is too long (or too technical: a known bug's, after its plain-words
+    paragraph) to sit in a headline."""
     f = trace.finding
     if not f:
-        return f"A recorded trace of {len(trace.steps)} steps with no finding."
+        return f"A recorded trace of {len(trace.steps)} steps with no finding.", None
+    what, message = _what_and_where(trace, f), str(f.get("message", ""))
+    known = re.match(r"(known bug K\d+ \([^)]*\)): ?(.*)", message, re.S)
+    if known:
+        return f"{what}: {known[1]}.", known[2] or None
+    if len(message) <= SHORT:
+        return f"{what}: {message}", None
+    return f"{what}.", message
+
+
+def _what_and_where(trace: Trace, f: dict[str, Any]) -> str:
+    """``The KV ledger found a wrong read or write at step 5 (`set_num_computed_tokens`)``."""
     where = f"step {f['step']}" if f.get("step") is not None else "setup"
     op = f" (`{f['op']['op']}`)" if f.get("op") else ""
     what = {
@@ -212,7 +246,7 @@ def _one_sentence(trace: Trace) -> str:
         if f.get("kind") == "kv-mismatch":
             what = "The engine's paged KV cache holds numbers the reference model does not"
         where = f"the {trace.extra.get('model_kind')} model"
-    return f"{what} at {where}{op}: {f.get('message', '')}"
+    return f"{what} at {where}{op}"
 
 
 def _config_line(trace: Trace) -> str:

@@ -7,6 +7,7 @@ so docs and test cannot drift; a command with no check here fails the test."""
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import re
 import selectors
@@ -19,6 +20,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from ci_helpers import REPO
+from packaging.requirements import Requirement
 from user_repo import Command, UserRepo, documented_commands, make_user_repo, redis_recipe
 
 pytestmark = pytest.mark.skipif(
@@ -52,7 +54,8 @@ INSTALL = "python -m pip install "
 
 
 def _is_redis(c: Command) -> bool:
-    return "redis" in c.line.lower()
+    """A line of the Redis recipe (not an install line naming the ``redis`` extra)."""
+    return "redis" in c.line.lower() and not c.line.startswith(INSTALL)
 
 
 def _run_until_progress(repo: UserRepo, line: str, limit: float = 60) -> str:
@@ -100,6 +103,24 @@ def test_every_documented_command_has_a_check():
     assert [c.line.split()[:2] for c in commands if c.status is None] == [["hypothesis", "fuzz"]]
 
 
+def _check_extras(repo: UserRepo, install_lines: list[str]) -> None:
+    """Each extra an install line names is declared by the installed kvspec, and the versions this
+    environment holds (what pip, given an index, would have had to fetch) satisfy it."""
+    named = {e for line in install_lines for m in re.finditer(r"kvspec\[([\w,]+)\]", line) for e in m[1].split(",")}
+    assert named == {"pytest", "hypofuzz", "redis"}, named
+    (metadata,) = repo.venv.glob("lib/python*/site-packages/kvspec-*.dist-info/METADATA")
+    requires = [
+        Requirement(line.split(":", 1)[1])
+        for line in metadata.read_text().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    for extra in sorted(named):
+        wanted = [r for r in requires if r.marker is not None and r.marker.evaluate({"extra": extra})]
+        assert wanted, f"kvspec[{extra}] installs nothing"
+        for r in wanted:
+            assert r.specifier.contains(importlib.metadata.version(r.name), prereleases=True), (extra, str(r))
+
+
 def test_a_users_repository_runs_every_documented_command(tmp_path):
     repo = make_user_repo(tmp_path)
     commands = [c for c in documented_commands() if not _is_redis(c)]
@@ -116,6 +137,7 @@ def test_a_users_repository_runs_every_documented_command(tmp_path):
         "python -c \"import importlib.metadata as m; print(m.distribution('kvspec').read_text('top_level.txt'))\""
     )
     assert top.stdout.split() == ["kvspec"], top.stdout + top.stderr  # nothing installed beside it
+    _check_extras(repo, [c.line for c in commands if c.line.startswith(INSTALL)])
     failures = []
     for c in commands:
         if c.line.startswith(INSTALL):

@@ -201,10 +201,10 @@ def test_report_goes_to_the_temp_dir_when_out_fails_later(tmp_path, monkeypatch,
     real = kvspec.harness.traces.report.write_report
     reports = tmp_path / "reports"
 
-    def full_disk(out_dir, trace, name=None):
+    def full_disk(out_dir, trace, name=None, replace=False):
         if Path(out_dir) == reports:
             raise OSError(28, "No space left on device")
-        return real(out_dir, trace, name)
+        return real(out_dir, trace, name, replace)
 
     monkeypatch.setattr(kvspec.harness.traces.report, "write_report", full_disk)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))

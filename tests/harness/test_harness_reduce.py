@@ -7,6 +7,7 @@ import pytest
 from kvspec.harness.check.lockstep import Finding
 from kvspec.harness.check.settings import CheckSettings
 from kvspec.harness.core import ops as O
+from kvspec.harness.core.scheduler_contract import get_contract_problem, get_pad_allowance
 from kvspec.harness.mutants.spec import make_mutant
 from kvspec.harness.targets.spec import SpecTarget
 from kvspec.harness.traces.reduce import reduce_trace, run_ops, same_finding
@@ -35,6 +36,8 @@ def test_reduced_trace_keeps_the_finding_and_is_no_longer(path):
     assert len(steps) == len(red.ops)  # the finding is at the last operation
     clean, _ = run_ops(red.config, red.ops, SpecTarget, CheckSettings(relation=trace.relation))
     assert clean is None, "the reduced trace must be valid: the spec against itself finds nothing"
+    # ... and one a scheduler could send, every request in it used.
+    assert get_contract_problem(red.config, red.ops, get_pad_allowance(trace.ops)) is None
 
 
 def test_reduction_removes_what_does_not_matter():

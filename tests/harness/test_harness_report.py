@@ -51,6 +51,17 @@ def test_second_report_gets_a_new_name(tmp_path):
     assert a != b and b.exists()
 
 
+def test_a_replacing_report_takes_the_old_ones_place(tmp_path):
+    """A known bug's report is the latest run's: the new folder replaces the old under its name,
+    leaving nothing beside it."""
+    a = write_report(tmp_path, _finding_trace(), name="known-K1-x")
+    (a / "stale").write_text("an earlier run's")
+    later = dataclasses.replace(_finding_trace(), seed=99)
+    b = write_report(tmp_path, later, name="known-K1-x", replace=True)
+    assert b == a and not (b / "stale").exists() and read_trace(b).seed == 99
+    assert [p.name for p in tmp_path.iterdir()] == ["known-K1-x"]
+
+
 def test_generated_pytest_file_replays(tmp_path):
     path = write_report(tmp_path, _finding_trace())
     r = subprocess.run(
