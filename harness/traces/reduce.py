@@ -10,7 +10,8 @@ makes progress or the time budget is spent:
 1. cut everything after the failing step;
 2. drop whole requests (every operation naming the request);
 3. drop runs of operations, halving the run length down to one (delta debugging);
-4. shorten prompts from the end, and shrink the pool (``num_blocks``) and ``max_model_len``.
+4. shorten prompts from the end, drop what a request carries beyond its tokens (salt, adapter,
+   images, embeddings), and shrink the pool (``num_blocks``) and ``max_model_len``.
 
 A candidate that makes the spec reject an operation, or ends in another finding, is simply not
 kept: the reduced trace always replays to the same finding, exactly like the original.  Nor is one
@@ -37,6 +38,15 @@ from kvspec.harness.targets.spec import SpecTarget
 from kvspec.spec.config import ConfigError, KVCacheConfig
 
 Ops = list[O.Op]
+# What an ``AddRequest`` carries beyond its tokens, at its plain value (``plain_requests``).
+PLAIN: dict[str, object] = {
+    "lora": None,
+    "mm_features": (),
+    "cache_salt": None,
+    "skip_reading_prefix_cache": False,
+    "prompt_embeds": None,
+    "prompt_logprob_start": None,
+}
 
 
 @dataclass
@@ -208,6 +218,21 @@ class _Reducer:
                         break
         return progress
 
+    def plain_requests(self) -> bool:
+        """Drop what a request carries beyond its tokens (a salt, an adapter, images, embeddings,
+        prompt logprobs), all at once or one at a time."""
+        progress = False
+        for i, op in enumerate(self.ops):
+            if not isinstance(op, O.AddRequest):
+                continue
+            extras = [k for k, v in PLAIN.items() if getattr(op, k) != v]
+            for change in ([dict.fromkeys(extras)] if len(extras) > 1 else []) + [{k: None} for k in extras]:
+                plain = dataclasses.replace(op, **{k: PLAIN[k] for k in change})
+                if i < len(self.ops) and self.try_candidate(self.config, self.ops[:i] + [plain] + self.ops[i + 1 :]):
+                    progress = True
+                    break
+        return progress
+
     def shrink_config(self) -> bool:
         progress = False
         for field in ("num_blocks", "max_model_len"):
@@ -241,7 +266,7 @@ def reduce_trace(
         raise ValueError(f"the trace does not replay to its finding ({finding.summary()}): nothing to reduce")
     r.finding, r.steps, r.ops = found, steps, [op for op, _ in steps]
     before = len(ops)
-    passes = (r.drop_requests, r.drop_runs, r.shorten_prompts, r.shrink_config)
+    passes = (r.drop_requests, r.drop_runs, r.shorten_prompts, r.plain_requests, r.shrink_config)
     progress = True
     while progress and not r.out_of_time():
         progress = False

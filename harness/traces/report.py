@@ -334,18 +334,20 @@ def _failing_step_section(trace: Trace, step: int, f: dict[str, Any]) -> list[st
         ]
         lines += draw_token_layout(op, req.num_computed_tokens, req.num_tokens)
         lines.append("```")
-    requests = set(f.get("requests") or ()) | ({rid} if rid else set())
+    requests = sorted(set(f.get("requests") or ()) | ({rid} if rid else set()))
+    if not requests:
+        return lines
+    tables: dict[tuple[str, ...], list[str]] = {}  # a drawing -> the states drawn so, in order
     for label, obs in (("before (spec)", before), ("after (spec)", after)):
-        if obs is not None and requests:
-            lines += ["", f"### Block tables {label}", "", "```"] + draw_tables(obs, trace, sorted(requests)) + ["```"]
+        if obs is not None:
+            tables.setdefault(tuple(draw_tables(obs, trace, requests)), []).append(label)
     w = f.get("witness") or {}
     for key, label in (("target_before", "before (target)"), ("target_after", "after (target)")):
-        if key in w and requests:
-            lines += (
-                ["", f"### Block tables {label}", "", "```"]
-                + draw_tables_json(w[key], trace, sorted(requests))
-                + ["```"]
-            )
+        if key in w:
+            tables.setdefault(tuple(draw_tables_json(w[key], trace, requests)), []).append(label)
+    for drawing, labels in tables.items():  # equal tables once, under every label they stand for
+        same = " (the same)" if len(labels) > 1 else ""
+        lines += ["", f"### Block tables {', '.join(labels)}{same}", "", "```", *drawing, "```"]
     return lines
 
 

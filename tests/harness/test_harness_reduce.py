@@ -52,6 +52,23 @@ def test_reduction_removes_what_does_not_matter():
     assert not any(getattr(op, "request_id", None) == "noise" for op in red.ops)
 
 
+def test_reduction_drops_what_requests_carry_beyond_their_tokens():
+    """A salt and an adapter that do not matter to the finding are dropped."""
+    import dataclasses
+
+    trace = read_trace(next(p for p in CORPUS if p.stem == "free_order_appended"))
+    ops = [
+        dataclasses.replace(op, cache_salt="tenant-a", lora=("ad", "/p")) if isinstance(op, O.AddRequest) else op
+        for op in trace.ops
+    ]
+    mutant = lambda: make_mutant("free_order_appended")  # noqa: E731
+    found, _ = run_ops(trace.config, ops, mutant, CheckSettings(relation=trace.relation))
+    assert found is not None
+    red = reduce_trace(trace.config, ops, found, mutant, seconds=20)
+    adds = [op for op in red.ops if isinstance(op, O.AddRequest)]
+    assert adds and all(op.cache_salt is None and op.lora is None for op in adds), adds
+
+
 def test_a_trace_without_its_finding_is_refused():
     trace = read_trace(CORPUS[0])
     fake = Finding("divergence", 0, "outcome differs: invented", {"op": "add_request"})
