@@ -81,6 +81,9 @@ class Design:
     resend_revoke: bool = True  # D resends an unanswered Revoke (messages may be lost)
     hold_outlives_transfers: bool = True  # P's hold on its KV never expires while a transfer reads it
     fence_restarted_d: bool = True  # a restarted D's memory is a new registration: old writes cannot land
+    reserve_within_capacity: bool = (
+        True  # D refuses a reservation when every block is held (the fuzz's spec manager refuses on its own)
+    )
 
     @property
     def is_push(self) -> bool:

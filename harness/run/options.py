@@ -261,7 +261,8 @@ def check_numbers(ns: argparse.Namespace, table: tuple[NumberRange, ...]) -> Non
     """Every option of ``table`` in its range (``UsageError`` names the first that is not): the one
     check of numbers for ``fuzz``, ``mutants``, ``releases diff`` and ``pd``."""
     for r in table:
-        problem = r.problem(getattr(ns, r.option[2:].replace("-", "_")))
+        value = getattr(ns, r.option[2:].replace("-", "_"))
+        problem = None if value is None else r.problem(value)  # None: not given (the command's default applies)
         if problem is not None:
             raise UsageError(problem)
 

@@ -27,6 +27,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from kvspec.harness.check.lockstep import Finding, FindingError, Lockstep
 from kvspec.harness.check.settings import DEFAULT_CHECKS, CheckSettings
@@ -39,7 +40,7 @@ from kvspec.spec.config import ConfigError, KVCacheConfig
 
 Ops = list[O.Op]
 # What an ``AddRequest`` carries beyond its tokens, at its plain value (``plain_requests``).
-PLAIN: dict[str, object] = {
+PLAIN: dict[str, Any] = {
     "lora": None,
     "mm_features": (),
     "cache_salt": None,

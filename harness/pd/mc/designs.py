@@ -62,6 +62,14 @@ _NEW = (
         "a restarted D keeps the old memory registration: a write meant for its previous life lands in a reused block",
     ),
     Bug(
+        "reserve-past-capacity",
+        PROPOSAL,
+        {"reserve_within_capacity": False},
+        "blocks_within_capacity",
+        "D reserves for a second request while its only block is held: two transfers land in one block "
+        "(only two contending requests reach it: the contention bounds)",
+    ),
+    Bug(
         "pull-frees-while-reading",
         BASELINE,
         {"defer_free_while_loading": False},
@@ -75,6 +83,10 @@ MC_BUGS = {b.name: b for b in (*BUGS.values(), *_NEW) if b.name != "no-cancel-on
 MC_BUG_RULE = {"no-fence": "write_lands_in_held_block"}
 """Where the search finds a worse failure first: without the fence, the restarted P's answer to a
 registration is taken for the failed one's, and an old write lands in a released block."""
+
+
+CONTENTION_BUGS = frozenset({"reserve-past-capacity"})
+"""Bugs only two requests contending for a block reach (``harness.pd.mc.model.CONTENTION``)."""
 
 
 def expected_rule(bug: Bug) -> str:
