@@ -55,7 +55,13 @@ RELEASES_RUN = (
 )
 """The released wheels these reproductions were run on, each in its own environment (the tables in
 docs/upstream/*.md give the result per release and bug)."""
-LAST_AFFECTED = {"K1": Version("0.34.0"), "K2": Version("0.34.0"), "K3": Version("0.34.0"), "K10": Version("0.34.0")}
+LAST_AFFECTED = {
+    "K1": Version("0.34.0"),
+    "K2": Version("0.34.0"),
+    "K3": Version("0.34.0"),
+    "K10": Version("0.34.0"),
+    "K11": Version("0.34.0"),
+}
 """Per bug, the newest release on which its reproduction was run and found it (every release of
 ``RELEASES_RUN`` showed all three).  A later version runs the reproductions as plain tests, so a fix
 shows as XPASS (strict: a failure to act on) and a still-broken newer version fails loudly until the
@@ -63,7 +69,7 @@ bound is moved."""
 
 
 def known_affected(bug: str) -> bool:
-    """Whether the installed vLLM is a release known to have ``bug`` (K1, K2, K3, K10)."""
+    """Whether the installed vLLM is a release known to have ``bug`` (K1, K2, K3, K10, K11)."""
     return VLLM_VERSION <= LAST_AFFECTED[bug]
 
 
