@@ -92,8 +92,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "K3",
         "chunk_not_block_multiple",
         "chunked local attention with a chunk that is not a block multiple counts nulls as a hit",
-        "vLLM 0.23.0-0.34.0 (latent: the attention backend asserts at the first forward pass; spec: modelled; "
-        "impl: refused at construction)",
+        "vLLM 0.23.0-0.34.0 (latent where the attention kernel uses the configured block size: its metadata "
+        "builder asserts at the first forward pass; spec: modelled; impl: refused at construction)",
         "unreported",
         "tests/upstream/test_chunked_local_chunk_not_block_multiple.py",
         "docs/upstream/chunked-local-chunk-not-block-multiple.md",

@@ -75,9 +75,9 @@ PLANS: dict[str, Plan] = {
         edit=SECONDS,
     ),
     ".venv/bin/kvspec fuzz --target examples.my_manager:make_target": Plan(
-        ".venv/bin/kvspec fuzz --target examples.my_manager:make_target --seconds 4",
+        ".venv/bin/kvspec fuzz --target examples.my_manager:make_target --seconds 10",
         (r"relation invariants \(declared by target examples\.my_manager:make_target", "kvspec fuzz: no finding"),
-        edit="--seconds 4 added (the default is 60)",
+        edit="--seconds 10 added (the default is 60)",
         default=True,
     ),
     ".venv/bin/kvspec fuzz --target vllm-fixed --relation invariants": Plan(

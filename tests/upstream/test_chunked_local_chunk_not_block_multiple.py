@@ -1,20 +1,20 @@
 """A missing start-up validation in vLLM: chunked local attention with ``attention_chunk_size %
 block_size != 0`` is accepted by every configuration step and only stopped by an assertion in the
-attention metadata builder at the first forward pass (docs/upstream/chunked-local-chunk-not-block-multiple.md,
-a proposed validation, not a wrong-output bug).
+attention metadata builder at the first forward pass, where the kernel's block is the configured one
+(docs/upstream/chunked-local-chunk-not-block-multiple.md; a proposed validation).
 
-What the check would also protect: the KV-cache manager counts every block before the block holding
-the chunk start as a hit (null blocks), although the next query's chunk starts inside the last of
-them; a fresh request then skips computing those tokens and its first query reads them through the
-null block.  Condition (fresh request of ``T`` tokens, nothing cached; general form proven by
-``kvspec prove window_coverage.chunk_not_block_multiple``): with ``h = (T - 1) // C * C // B * B``,
+What the check would also protect: the chunked-local manager counts every block before the one that
+holds the chunk start as a hit (null blocks), although the chunk starts inside the next block.  A step
+that starts at that block boundary reads the uncomputed tokens before the chunk start through the null
+block.  It is reached
 
-    h % C != 0
+- in a model whose every attention layer is chunked-local, by a fresh prompt of ``T`` tokens when
+  ``h % C != 0`` with ``h = (T - 1) // C * C // B * B``;
+- in a model with full-attention layers too (Llama 4), only by a prefix hit whose chunked-local block
+  holding the chunk start was evicted while the full-attention blocks of the prefix were not: the
+  hybrid lookup trims the hit to what every group can serve, so a fresh prompt gets no hit at all.
 
-Every release 0.23.0 ... 0.34.0 accepts the configuration (``ModelConfig``, ``CacheConfig``, the
-KV-cache manager and the ``Scheduler`` all construct and schedule) and asserts
-``attn_chunk_size % block_size == 0`` in ``make_local_attention_virtual_batches``: a start-up error
-deferred to the first batch.
+Measured on every release 0.23.0 ... 0.34.0.
 """
 
 from __future__ import annotations
@@ -33,15 +33,23 @@ from upstream_vllm import (  # noqa: E402
     BLOCK,
     chunked_local,
     computed_step,
+    full,
     known_affected,
     null_reads,
     request,
     scheduler,
     vllm_config,
 )
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager  # noqa: E402
-from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
 
 C = 40  # not a multiple of BLOCK = 16
 LENGTHS = range(1, 3 * C + 1)
@@ -56,14 +64,14 @@ def condition(T: int) -> bool:
     return h % C != 0
 
 
-def null_reading_lengths() -> dict[int, list[tuple[int, int]]] | None:
-    """Per prompt length, what the first step reads through the null block; None if vLLM refuses the
-    configuration."""
+def null_reading_lengths(*specs: KVCacheSpec) -> dict[int, list[tuple[int, int]]] | None:
+    """Per prompt length, what the first step of a fresh prompt reads through the null block (one
+    KV-cache group per spec; chunked-local only by default); None if vLLM refuses the configuration."""
     config = vllm_config(attention_chunk_size=C)
     bad = {}
     for T in LENGTHS:  # a fresh scheduler each time: nothing cached
         try:
-            sched = scheduler(chunked_local(C), config=config)
+            sched = scheduler(*(specs or (chunked_local(C),)), config=config)
         except ValueError:
             return None
         sched.add_request(request("r", T))
@@ -88,6 +96,73 @@ def test_chunk_not_block_multiple_is_rejected_or_reads_no_null() -> None:
     raise ChunkReadsNull(
         f"C={C}, B={BLOCK}, T={T}: the first step starts at {(T - 1) // C * C // BLOCK * BLOCK} and "
         f"reads {bad[T][:3]}... through the null block; affected lengths: {len(bad)} of {len(LENGTHS)}"
+    )
+
+
+def _request(rid: str, tokens: list[int], max_tokens: int) -> Request:
+    return Request(
+        request_id=rid,
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=max_tokens),
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+
+
+def _step(sched: Scheduler) -> SchedulerOutput:
+    """One scheduler step; every scheduled request samples one token."""
+    out = sched.schedule()
+    ids = list(out.num_scheduled_tokens)
+    # vLLM up to 0.33 also wants req_id_to_index; 0.34 dropped the field.
+    rows = {"req_id_to_index": {r: i for i, r in enumerate(ids)}}
+    rows = rows if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}
+    sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7]] * len(ids), **rows))
+    return out
+
+
+def hybrid_prefix_hit(num_blocks: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """Full + chunked-local groups (as in Llama 4) sharing ``num_blocks`` blocks: request A (100
+    tokens) runs to completion; request F (64 other tokens) takes free blocks; request B shares A's
+    first 60 tokens (a 48-token hit in the full group, past the chunk start 40).  B's first step:
+    (start, what it reads through the null block); None if vLLM refuses the configuration."""
+    try:
+        sched = scheduler(full(), chunked_local(C), config=vllm_config(attention_chunk_size=C), num_blocks=num_blocks)
+    except ValueError:
+        return None
+    a = list(range(1, 101))
+    sched.add_request(_request("A", a, max_tokens=3))
+    for _ in range(3):  # the prefill, then decodes: A's chunked-local blocks before 80 are freed first
+        _step(sched)
+    assert "A" not in sched.requests
+    sched.add_request(_request("F", list(range(5000, 5064)), max_tokens=100))
+    _step(sched)
+    sched.add_request(_request("B", a[:60] + list(range(9000, 9010)), max_tokens=4))
+    start, _, tables = computed_step(sched, _step(sched), "B")  # F's decode evicts A's block 2 first
+    return start, null_reads(sched, start, tables)
+
+
+def test_hybrid_fresh_prompt_or_no_eviction_reads_no_null() -> None:
+    """With a full-attention group, a fresh prompt gets no hit (the hybrid lookup keeps only what every
+    group serves), and a prefix hit whose blocks are all cached starts at the full hit."""
+    assert null_reading_lengths(full(), chunked_local(C)) in ({}, None)
+    assert hybrid_prefix_hit(num_blocks=64) in ((48, []), None)
+
+
+@pytest.mark.xfail(
+    known_affected("K3"),
+    strict=True,
+    raises=ChunkReadsNull,
+    reason="K3: vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
+)
+def test_hybrid_prefix_hit_after_eviction_reads_no_null() -> None:
+    got = hybrid_prefix_hit(num_blocks=20)
+    if got is None or not got[1]:
+        return  # rejected at startup, or fixed in the manager
+    start, reads = got
+    raise ChunkReadsNull(
+        f"C={C}, B={BLOCK}, full + chunked-local: after the chunked-local block holding the chunk start "
+        f"was evicted, B's first step starts at {start} and reads {reads[:3]}... ({len(reads)} positions) "
+        "through the null block"
     )
 
 
@@ -156,4 +231,5 @@ def test_fix_rejecting_at_startup_removes_it(monkeypatch: pytest.MonkeyPatch, wh
     else:
         monkeypatch.setattr(ChunkedLocalAttentionManager, "__init__", _manager_init_validating)
     assert null_reading_lengths() is None
+    assert hybrid_prefix_hit(num_blocks=20) is None
     scheduler(chunked_local(2 * BLOCK), config=vllm_config(attention_chunk_size=2 * BLOCK))  # multiples still run

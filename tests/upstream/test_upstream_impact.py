@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from upstream_impact import Impact, chunk_not_multiple, full_load_chunked, full_load_sliding, invalid_block
+from upstream_impact import (
+    Impact,
+    chunk_not_multiple,
+    chunk_not_multiple_chunked_only,
+    full_load_chunked,
+    full_load_sliding,
+    invalid_block,
+)
 
 
 @pytest.mark.parametrize(
@@ -21,4 +28,16 @@ def test_buggy_tables_change_the_numbers_and_the_fix_restores_them(measure: Call
 
 
 def test_chunk_not_block_multiple_would_compute_wrong_numbers() -> None:
-    assert chunk_not_multiple().attn_rel > 0.5
+    """Llama-4-like, the prefix hit after the chunk-start block's eviction: the chunked layers' output
+    and the sampled token's logits are wrong; the same hit with that block cached is exact."""
+    bug, cached = chunk_not_multiple(), chunk_not_multiple(evicted=False)
+    assert bug.attn_rel > 0.5 and bug.logits_rel > 1e-2, bug
+    assert cached.attn_rel < 1e-5 and cached.logits_rel < 1e-5, cached
+
+
+def test_chunk_not_block_multiple_chunked_only_keeps_the_sampled_token() -> None:
+    """Every layer chunked-local: the queries before the chunk start read nulls, but nothing at or after
+    the chunk start depends on them, so the sampled token's logits stay exact."""
+    got = chunk_not_multiple_chunked_only()
+    assert got.attn_rel > 0.5, got
+    assert got.logits_rel < 1e-5, got

@@ -171,14 +171,35 @@ def invalid_block(W: int = 128, B: int = 16, T: int = 200, i: int = 5, fixed: bo
     )
 
 
-def chunk_not_multiple(C: int = 40, B: int = 16, T: int = 41) -> Impact:
-    """A fresh request: the lookup's null prefix is taken as computed; the step starts at it."""
-    m = make_model([LayerSpec("chunked_local", C, 0)] * 3 + [LayerSpec("full", None, 1)])
+def chunk_not_multiple(C: int = 40, B: int = 16, T: int = 70, hit: int = 48, evicted: bool = True) -> Impact:
+    """Llama-4-like (three chunked-local layers, group 1, per full-attention layer, group 0), the prefix
+    hit the upstream test measures: 48 tokens cached in the full group, chunk start 40; the chunked
+    group's block holding 40 was evicted, so vLLM starts at 32 with the chunked table ``[null, null,
+    ...]``.  ``evicted=False``: that block is still cached and the step starts at 48."""
+    m = make_model([LayerSpec("chunked_local", C, 1)] * 3 + [LayerSpec("full", None, 0)])
+    n = -(-T // B)
+    chunk_start = hit // C * C
+    start = chunk_start // B * B if evicted else hit
+    tables = [nulled(n, 0, 0, n), nulled(n, chunk_start // B, 1, n)]
+    what = "chunked block at the chunk start evicted" if evicted else "all hit blocks cached"
+    return measure(
+        f"chunk not a block multiple C={C} B={B} T={T}, {what} (assert off)", m, tokens_for(T), start, tables, B
+    )
+
+
+def chunk_not_multiple_chunked_only(C: int = 40, B: int = 16, T: int = 41) -> Impact:
+    """Every layer chunked-local, a fresh prompt: vLLM starts at ``h = (T - 1) // C * C // B * B`` with
+    the nulls before it; only queries before the chunk start read them."""
+    m = make_model([LayerSpec("chunked_local", C, 0)] * 4)
     n = -(-T // B)
     h = (T - 1) // C * C // B * B
-    tables = [nulled(n, h // B, 0, n), nulled(n, 0, 1, n)]
     return measure(
-        f"chunk not a block multiple C={C} B={B} T={T} (if the kernel assert were off)", m, tokens_for(T), h, tables, B
+        f"chunk not a block multiple C={C} B={B} T={T}, chunked-local only (assert off)",
+        m,
+        tokens_for(T),
+        h,
+        [nulled(n, h // B, 0, n)],
+        B,
     )
 
 
@@ -194,6 +215,8 @@ def all_cases() -> list[Impact]:
         invalid_block(),
         invalid_block(fixed=True),
         chunk_not_multiple(),
+        chunk_not_multiple(evicted=False),
+        chunk_not_multiple_chunked_only(),
     ]
 
 

@@ -164,11 +164,12 @@ def chunked_local(chunk: int) -> ChunkedLocalAttentionSpec:
     )
 
 
-def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None) -> Scheduler:
-    """The real Scheduler (and KVCacheManager) with one KV-cache group per spec."""
+def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None, num_blocks: int = NUM_BLOCKS) -> Scheduler:
+    """The real Scheduler (and KVCacheManager) with one KV-cache group per spec, sharing ``num_blocks``
+    blocks (the null block included)."""
     vc = config or vllm_config()
     groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
-    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(
         vllm_config=vc,
         kv_cache_config=kv,

@@ -7,7 +7,9 @@ as it allocated them, even before P finished (P keeps early registrations); a re
 while waiting for remote KV has its free delayed until the transfer reports done; D's push
 watchdog only drops the pending registration (it frees nothing); P's hold on finished KV is a
 lease that D's heartbeats extend, and it frees the KV when it runs out even if a transfer is
-still reading it; nothing fences a failed P.
+still reading it; nothing fences a failed P.  tests/pd/test_mc_vllm_designs.py derives these flags
+from vLLM's real ``Scheduler`` and NIXL connector scheduler side, and replays recorded runs as traces
+of the model; its docstring lists the flags that rest on worker code instead.
 
 ``MC_BUGS`` are the bugs of ``designs.BUGS`` that the abstract model can express, plus one for
 each fault kind the fuzz does not inject (loss, restart, an expiring lease).

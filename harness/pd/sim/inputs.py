@@ -47,6 +47,7 @@ D_BLOCKS = int(D_KV_BYTES // (BLOCK_SIZE * KV_BYTES_PER_TOKEN))
 LINK_BYTES_PER_S = 400e9 / 8 * 0.8  # ConnectX-7 NDR 400 Gb/s per GPU, 80% achieved
 TRANSFER_LATENCY_S = 50e-6
 ROUTER_HOP_S = 0.5e-3
+PEER_HOP_S = ROUTER_HOP_S  # a direct P <-> D control message (push registration, pull's ReadDone)
 
 ASSUMPTIONS = (
     Assumption(
@@ -81,9 +82,23 @@ ASSUMPTIONS = (
         "vLLM's default gpu_memory_utilization 0.9 and block size 16; the activation reserve is our assumption",
     ),
     Assumption(
-        "decode admission",
-        "blocks for prompt + output are held from admission (no preemption)",
-        "simplification (vLLM 0.33 can instead preempt; with full_sequence_must_fit it gates the same way)",
+        "decode admission and preemption",
+        "blocks for the prompt are allocated when the remote KV is admitted for loading (FIFO, head of line "
+        "waits for blocks); a running request grows one slot per step; when D runs out, the last admitted "
+        "running request is preempted (all its blocks freed) and recomputed on D later (a local prefill "
+        "charged to that step), before any new allocation; blocks allocated for KV not yet arrived are "
+        "never preempted",
+        "vLLM 0.33 scheduler: recompute preemption of the running queue's tail (docs/semantics.md §8); "
+        "WAITING_FOR_REMOTE_KVS requests are not running, so not preempted",
+    ),
+    Assumption(
+        "prefill KV capacity",
+        "each P gets the same KV budget as a decode instance (the whole H200 budget, or 40% on long-tight "
+        "and 16% on conv-decode-bound); P allocates the prompt when the "
+        "prefill starts and holds it until the transfer ends (push: its writes completed; pull: D's ReadDone "
+        "arrived); a P whose free blocks cannot hold its next prompt stalls (FCFS, no skipping)",
+        "same GPU, model and gpu_memory_utilization as D; vLLM's P keeps finished KV for the transfer "
+        "(its kv_lease_duration, 30 s, is not modelled)",
     ),
     Assumption(
         "KV transfer",
@@ -91,8 +106,10 @@ ASSUMPTIONS = (
         "NVIDIA ConnectX-7 datasheet (400 Gb/s NDR per GPU); 80% achieved is our assumption",
     ),
     Assumption(
-        "router hop",
-        f"{ROUTER_HOP_S * 1e3:.1f} ms per control message",
+        "control messages",
+        f"{ROUTER_HOP_S * 1e3:.1f} ms per hop, router or direct P <-> D (pull: P -> router -> D, then D reads; "
+        "push-seq: P -> router -> D, D -> P registration; push-concurrent: router -> D reserve, "
+        "D -> router -> P target; jit: P -> router -> D at prefill start; pull's ReadDone D -> P)",
         "our assumption for an in-datacenter RPC (vLLM's disaggregated proxy is HTTP)",
     ),
     Assumption(
@@ -113,8 +130,8 @@ ASSUMPTIONS = (
         "median 1500, output median 13; mooncake prompt mean 7590, output mean 182 (sigma 1.0 prompt, "
         "0.8 output: medians mean/exp(sigma^2/2))",
         "medians/means as published for the Azure LLM inference traces (Splitwise, ISCA'24) and Kimi's "
-        "trace (Mooncake, FAST'25); the lognormal form and the sigmas are our assumption (the traces "
-        "cannot be fetched here)",
+        "trace (Mooncake, FAST'25); the lognormal form and the sigmas are assumptions, not fitted "
+        "(checked against two public traces in docs/pd-simulation.md); `--workloads NAME@sigma=S` sweeps them",
     ),
     Assumption(
         "SLOs (goodput)",
@@ -123,7 +140,8 @@ ASSUMPTIONS = (
     ),
     Assumption(
         "prefill instances",
-        "FCFS, one prefill at a time, requests go to the least loaded; their KV memory is not the bottleneck",
+        "FCFS, one prefill at a time (no batching, no chunking); the router sends each request to the P "
+        "with the least queued prefill work",
         "simplification",
     ),
 )

@@ -2,21 +2,29 @@
 
 Plain Python rather than SimPy: the model is a handful of queues and FIFO servers whose every
 state change happens at an event, it must be deterministic per seed, and it should run (and be
-tested) without a dependency.  Four ways to move a request from P to D:
+tested) without a dependency.  Five ways to move a request from P to D:
 
-- ``baseline``: vLLM 0.33 today.  P prefills; P -> router -> D (two hops); D allocates at its next
-  step boundary (waiting for blocks if it has none), then pulls the KV.
-- ``push``: the proposal.  At arrival the router asks D for a reservation while P queues and
-  computes; P pushes into it when both the prefill and the reservation are done.
-- ``push-layerwise``: the same, each layer's KV sent as soon as P computed it.
-- ``push-jit``: the reservation is asked for only when P *starts* the prefill (P tells the
-  router), so D's blocks are not held while the request waits in P's queue.
+- ``pull``: vLLM's NIXL pull.  P prefills; P -> router -> D (two hops); D allocates at its next
+  step boundary (waiting for blocks if it has none), then reads the KV; P frees on D's
+  ``ReadDone`` (one more hop).
+- ``push-seq``: vLLM's push with sequential dispatch.  The router sends to D only after P
+  finished (two hops, as for the pull); D allocates at its next step boundary and registers its
+  blocks with P (one hop, D -> P); P writes and frees when its writes complete.  No early
+  reservation.
+- ``push-concurrent``: the proposal.  At arrival the router asks D for a reservation while P
+  queues and computes; D answers through the router (two hops); P writes when both the prefill
+  and the reservation are done.
+- ``push-concurrent-layerwise``: the same, each layer's KV sent as soon as P computed it.
+- ``push-concurrent-jit``: the reservation is asked for only when P *starts* the prefill (P tells
+  the router, which asks D), so D's blocks are not held while the request waits in P's queue.
 
-D acts only at step boundaries: it admits requests whose KV arrived, re-admits preempted ones
-(recomputing them locally), allocates for new remote KV in FIFO order while blocks last, gives
-each running request its next slot (preempting the last admitted when blocks run out), then runs
-one decode step.  Reservations and pulls hold their blocks idle until admission: that idle time,
-integrated, is the capacity the figures show as held.
+P holds a request's KV from the start of its prefill until the transfer is over (push: its writes
+completed; pull: D's ``ReadDone`` arrived); when P's KV memory cannot hold the next prompt, P
+stalls until a transfer frees enough.  D acts only at step boundaries: it admits requests whose
+KV arrived, re-admits preempted ones (recomputing them locally), allocates for new remote KV in
+FIFO order while blocks last, gives each running request its next slot (preempting the last
+admitted when blocks run out), then runs one decode step.  Reservations and loads hold their
+blocks idle until admission: that idle time, integrated, is the capacity reported as held.
 """
 
 from __future__ import annotations
@@ -29,8 +37,22 @@ from typing import Any, Literal
 
 from kvspec.harness.pd.sim import inputs as X
 
-Protocol = Literal["baseline", "push", "push-layerwise", "push-jit"]
-PROTOCOLS: tuple[Protocol, ...] = ("baseline", "push", "push-layerwise", "push-jit")
+Protocol = Literal["pull", "push-seq", "push-concurrent", "push-concurrent-layerwise", "push-concurrent-jit"]
+PROTOCOLS: tuple[Protocol, ...] = (
+    "pull",
+    "push-seq",
+    "push-concurrent",
+    "push-concurrent-layerwise",
+    "push-concurrent-jit",
+)
+# the comparison that isolates each design's effect: (design, its baseline)
+BASELINE_OF: dict[str, str] = {
+    "push-seq": "pull",  # the transfer direction
+    "push-concurrent": "push-seq",  # early dispatch
+    "push-concurrent-layerwise": "push-seq",  # early dispatch + layer-wise streaming
+    "push-concurrent-jit": "push-seq",  # dispatch when the prefill starts
+}
+RESERVE_AT_ARRIVAL = ("push-concurrent", "push-concurrent-layerwise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +67,7 @@ class Workload:
     medians: tuple[float, float] = (0.0, 0.0)  # lognormal: prompt and output medians (tokens)
     sigmas: tuple[float, float] = (1.0, 1.0)  # lognormal: sigma of log(prompt), log(output)
     slo: tuple[float, float] = (1.0, 0.05)  # TTFT and TPOT objectives (seconds) for goodput
+    p_kv_fraction: float | None = 1.0  # share of an H200's KV memory each P has; None: unbounded
 
 
 @dataclass
@@ -55,6 +78,7 @@ class Req:
     output: int
     p: int = 0
     d: int = 0
+    p_enqueued: float = 0.0
     prefill_start: float = 0.0
     prefill_end: float = 0.0
     reserve_asked: float | None = None
@@ -64,9 +88,11 @@ class Req:
     admitted: float | None = None
     first_token: float | None = None
     done: float | None = None
+    p_freed: float | None = None
     generated: int = 0
     pending_chunks: int = 0
     held: int = 0  # D blocks held
+    p_held: int = 0  # P blocks held
     preemptions: int = 0
 
     @property
@@ -90,22 +116,34 @@ class Decoder:
     recompute: deque[Req] = field(default_factory=deque)  # preempted: recomputed on D when blocks allow
 
 
+@dataclass
+class Prefiller:
+    free: float  # KV blocks (inf when unbounded)
+    free_at: float = 0.0
+    busy: bool = False
+    queue: deque[Req] = field(default_factory=deque)
+    queued_s: float = 0.0  # prefill seconds waiting in the queue (the router's load estimate)
+    stalled_since: float | None = None  # P idle with work queued, for want of KV memory
+    stalled_s: float = 0.0
+
+
 class Simulation:
     def __init__(
         self, workload: Workload, protocol: Protocol, rate: float, num_requests: int, seed: int, costs: X.ManagerCosts
     ) -> None:
+        assert protocol in PROTOCOLS, f"unknown protocol {protocol!r}"
         self.w, self.protocol, self.costs = workload, protocol, costs
         d_blocks = int(X.D_BLOCKS * workload.d_kv_fraction)
+        self.p_capacity = float("inf") if workload.p_kv_fraction is None else int(X.D_BLOCKS * workload.p_kv_fraction)
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = 0
-        self.p_free_at = [0.0] * workload.num_prefill
-        self.p_queue: list[deque[Req]] = [deque() for _ in range(workload.num_prefill)]
-        self.p_busy = [False] * workload.num_prefill
+        self.prefillers = [Prefiller(self.p_capacity) for _ in range(workload.num_prefill)]
         self.decoders = [Decoder(d_blocks) for _ in range(workload.num_decode)]
         self.capacity = d_blocks
         self.reqs: list[Req] = []
         self.next_d = 0
         self.seed = seed
+        self.now = 0.0
         rng = random.Random(seed)
         t = 0.0
         for rid in range(num_requests):
@@ -113,7 +151,8 @@ class Simulation:
             r = Req(rid, t, *X.sample_lengths(rng, workload))
             self.reqs.append(r)
             self.at(t, "arrive", r)
-        self.tokens_out: list[float] = []  # time of every decoded token (for throughput)
+        self.span = t  # the last arrival
+        self.tokens_in_span = 0  # tokens decoded before the last arrival (for throughput)
 
     def at(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, payload))
@@ -122,50 +161,75 @@ class Simulation:
     def run(self) -> list[Req]:
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
+            self.now = t
             getattr(self, f"on_{kind.replace('-', '_')}")(t, payload)
+        for p in self.prefillers:
+            assert p.stalled_since is None and not p.queue, "a prefill instance ended with work it never started"
         return self.reqs
 
     # --- router and prefill ----------------------------------------------------------------------
 
     def on_arrive(self, t: float, r: Req) -> None:
-        loads = [
-            max(self.p_free_at[p], t) + sum(X.get_prefill_seconds(q.prompt) for q in self.p_queue[p])
-            for p in range(self.w.num_prefill)
-        ]
+        loads = [max(p.free_at, t) + p.queued_s for p in self.prefillers]
         r.p = loads.index(min(loads))
         r.d = self.next_d
         self.next_d = (self.next_d + 1) % self.w.num_decode
         self.at(t + X.ROUTER_HOP_S, "p-enqueue", r)
-        if self.protocol in ("push", "push-layerwise"):
+        if self.protocol in RESERVE_AT_ARRIVAL:
             r.reserve_asked = t
             self.at(t + X.ROUTER_HOP_S, "d-inbox", ("reserve", r))
 
     def on_p_enqueue(self, t: float, r: Req) -> None:
-        self.p_queue[r.p].append(r)
-        if not self.p_busy[r.p]:
-            self.start_prefill(t, r.p)
+        p = self.prefillers[r.p]
+        r.p_enqueued = t
+        p.queue.append(r)
+        p.queued_s += X.get_prefill_seconds(r.prompt)
+        self.start_prefill(t, r.p)
 
-    def start_prefill(self, t: float, p: int) -> None:
-        r = self.p_queue[p].popleft()
-        self.p_busy[p] = True
+    def start_prefill(self, t: float, i: int) -> None:
+        """P starts its next prefill if it is idle, has one queued and has KV memory for it."""
+        p = self.prefillers[i]
+        if p.busy or not p.queue:
+            return
+        r = p.queue[0]
+        if p.free < r.blocks_remote:
+            if p.stalled_since is None:
+                p.stalled_since = t
+            return
+        if p.stalled_since is not None:
+            p.stalled_s += t - p.stalled_since
+            p.stalled_since = None
+        p.queue.popleft()
+        p.queued_s -= X.get_prefill_seconds(r.prompt)
+        p.free -= r.blocks_remote
+        r.p_held = r.blocks_remote
+        p.busy = True
         r.prefill_start = t
         r.prefill_end = t + X.get_prefill_seconds(r.prompt)
-        self.p_free_at[p] = r.prefill_end
+        p.free_at = r.prefill_end
         self.at(r.prefill_end, "prefill-done", r)
-        if self.protocol == "push-jit":  # P tells the router, which asks D
+        if self.protocol == "push-concurrent-jit":  # P tells the router, which asks D
             r.reserve_asked = t
             self.at(t + 2 * X.ROUTER_HOP_S, "d-inbox", ("reserve", r))
-        if self.protocol == "push-layerwise":
+        if self.protocol == "push-concurrent-layerwise":
             self.release_chunks(t, r)
 
     def on_prefill_done(self, t: float, r: Req) -> None:
-        self.p_busy[r.p] = False
-        if self.p_queue[r.p]:
-            self.start_prefill(t, r.p)
-        if self.protocol == "baseline":  # P -> router -> D
+        self.prefillers[r.p].busy = False
+        self.start_prefill(t, r.p)
+        if self.protocol in ("pull", "push-seq"):  # P -> router -> D, only now
+            r.reserve_asked = t
             self.at(t + 2 * X.ROUTER_HOP_S, "d-inbox", ("load", r))
-        elif self.protocol in ("push", "push-jit"):
+        else:
             self.release_chunks(t, r)
+
+    def on_p_free(self, t: float, r: Req) -> None:
+        """The transfer is over for P: it frees the request's KV and may start a stalled prefill."""
+        p = self.prefillers[r.p]
+        p.free += r.p_held
+        r.p_held = 0
+        r.p_freed = t
+        self.start_prefill(t, r.p)
 
     # --- the KV transfer -------------------------------------------------------------------------
 
@@ -173,7 +237,7 @@ class Simulation:
         """Push: a chunk leaves once its KV exists and P knows where to write it."""
         if r.target_known is None or r.pending_chunks or r.prefill_end == 0.0:
             return
-        if self.protocol == "push-layerwise":
+        if self.protocol == "push-concurrent-layerwise":
             n = X.N_LAYERS
             ready = [r.prefill_start + (k + 1) * (r.prefill_end - r.prefill_start) / n for k in range(n)]
         elif t < r.prefill_end:
@@ -196,10 +260,13 @@ class Simulation:
         self.at(d.link_free_at, "chunk-landed", r)
 
     def on_chunk_landed(self, t: float, r: Req) -> None:
-        if self.protocol != "baseline":
+        if self.protocol == "pull":  # D's read completed; its ReadDone reaches P one hop later
+            self.at(t + X.PEER_HOP_S, "p-free", r)
+        else:
             r.pending_chunks -= 1
             if r.pending_chunks:
                 return
+            self.on_p_free(t, r)  # P's last write completed
         self.on_d_inbox(t, ("arrived", r))
 
     def on_target(self, t: float, r: Req) -> None:
@@ -242,10 +309,7 @@ class Simulation:
             r.held = r.blocks_remote
             r.allocated = t
             cpu += self.costs.admission(r.blocks_remote)
-            if self.protocol == "baseline":
-                self.transfer(t, r, r.prompt)
-            else:  # D -> router -> P
-                self.at(t + cpu + 2 * X.ROUTER_HOP_S, "target", r)
+            self.answer_allocation(t + cpu, r)
         self.grow(d)
         if not d.running:
             d.stepping = False
@@ -254,12 +318,26 @@ class Simulation:
         context = sum(r.prompt + r.generated for r in d.running)
         self.at(t + cpu + X.get_decode_step_seconds(len(d.running), context), "step-end", i)
 
+    def answer_allocation(self, t: float, r: Req) -> None:
+        """D allocated at ``t``: pull reads now; push-seq registers with P (one hop); the concurrent
+        designs answer through the router, which relays to P (two hops)."""
+        if self.protocol == "pull":
+            self.transfer(t, r, r.prompt)
+        elif self.protocol == "push-seq":
+            self.at(t + X.PEER_HOP_S, "target", r)
+        else:
+            self.at(t + 2 * X.ROUTER_HOP_S, "target", r)
+
     def grow(self, d: Decoder) -> None:
         """Every running request needs a slot for this step's token; when blocks run out, the last
-        admitted request is preempted (vLLM 0.33, docs/semantics.md §8) and recomputed later."""
+        admitted request is preempted (vLLM 0.33, docs/semantics.md §8) and recomputed later.
+        Blocks allocated for remote KV not yet admitted are never preempted."""
         k = 0
         while k < len(d.running):
             r = d.running[k]
+            if r.prompt + r.generated < r.held * X.BLOCK_SIZE:  # this step's slot is in a held block
+                k += 1
+                continue
             need = X.get_blocks(r.prompt + r.generated + 1) - r.held
             if need <= d.free:
                 d.free -= need
@@ -274,10 +352,11 @@ class Simulation:
 
     def on_step_end(self, t: float, i: int) -> None:
         d = self.decoders[i]
+        if t <= self.span:
+            self.tokens_in_span += len(d.running)
         still = []
         for r in d.running:
             r.generated += 1
-            self.tokens_out.append(t)
             if r.first_token is None:
                 r.first_token = t
             if r.generated >= r.output:

@@ -1,7 +1,8 @@
 """Seeds to intervals: the mean of each metric over the seeds of a point, with a 95% confidence
-interval (Student's t; the seeds are independent runs), and DistServe's goodput.
+interval (Student's t; the seeds are independent runs); paired differences between designs (the
+same seed gives both designs the same arrivals and lengths); the steady-state check.
 
-docs/pd-preallocation.md embeds ``render_table``; ``figures`` draws the intervals as error bars.
+``report`` renders them as tables, ``figures`` draws the intervals as error bars.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from kvspec.harness.pd.sim.experiment import WORKLOADS, Point, get_prefill_capacity
+from kvspec.harness.pd.sim.experiment import Point
 
 # two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond
 _T975: tuple[float, ...] = (
@@ -32,7 +33,19 @@ _T975: tuple[float, ...] = (
 )
 _T975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
-METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_ms", "slo_attainment", "goodput_rps", "held_idle_frac")
+METRICS = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "ttft_mean_ms",
+    "ttft_drift_ms",
+    "tpot_ms",
+    "slo_attainment",
+    "held_idle_frac",
+    "p_stall_frac",
+    "p_wait_ms",
+    "alloc_wait_ms",
+)
+STEADY_BAND = 0.2  # steady: the drift's 95% interval lies within +-20% of the mean TTFT
 
 
 def t975(df: int) -> float:
@@ -69,50 +82,36 @@ def aggregate(points: list[Point]) -> list[Summary]:
     ]
 
 
-def goodput_at(summaries: list[Summary], workload: str, protocol: str, target: float = 0.9) -> float:
-    """DistServe's goodput: the highest request rate (of the loads run) at which the mean SLO
-    attainment is at least ``target``; 0 when none is."""
-    ok = [s.load for s in summaries if s.workload == workload and s.protocol == protocol]
-    ok = [
-        load
-        for load in ok
-        if next(s for s in summaries if (s.workload, s.protocol, s.load) == (workload, protocol, load)).stats[
-            "slo_attainment"
-        ][0]
-        >= target
-    ]
-    return max(ok) * get_prefill_capacity(WORKLOADS[workload]) if ok else 0.0
+def get_paired(
+    points: list[Point], metric: str, design: str, baseline: str, workload: str, load: float
+) -> tuple[float, float, int]:
+    """Mean and 95% half-width over seeds of ``metric(design) - metric(baseline)``, each seed's
+    pair run on the same arrivals and lengths; and the number of pairs."""
+    by_seed: dict[str, dict[int, float]] = {design: {}, baseline: {}}
+    for p in points:
+        if p.workload == workload and p.load == load and p.protocol in by_seed:
+            by_seed[p.protocol][p.seed] = getattr(p, metric)
+    seeds = sorted(set(by_seed[design]) & set(by_seed[baseline]))
+    mean, hw = interval([by_seed[design][k] - by_seed[baseline][k] for k in seeds])
+    return mean, hw, len(seeds)
 
 
-def _cell(stat: tuple[float, float], fmt: str, scale: float = 1.0) -> str:
-    mean, hw = stat
-    if math.isnan(mean):
-        return "-"
-    return f"{format(mean * scale, fmt)} ± {format(hw * scale, fmt)}"
+def is_steady(summaries: list[Summary], workload: str, load: float) -> bool:
+    """Every design's drift interval lies within +-STEADY_BAND of its mean TTFT."""
+    for s in summaries:
+        if s.workload == workload and s.load == load:
+            drift, hw = s.stats["ttft_drift_ms"]
+            if math.isnan(drift) or abs(drift) + hw > STEADY_BAND * s.stats["ttft_mean_ms"][0]:
+                return False
+    return True
 
 
-def render_table(summaries: list[Summary], loads: tuple[float, ...] | None = None) -> str:
-    """Mean ± 95% half-width over the seeds, per workload, load and protocol."""
-    rows = [
-        "| workload | load | protocol | TTFT p50 (ms) | TTFT p99 (ms) | TPOT (ms) | SLO met (%) "
-        "| D blocks held idle (%) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in sorted(summaries, key=lambda s: (s.workload, s.load, s.protocol)):
-        if loads is not None and s.load not in loads:
-            continue
-        st = s.stats
-        cells = [
-            _cell(st["ttft_p50_ms"], ".0f"),
-            _cell(st["ttft_p99_ms"], ".0f"),
-            _cell(st["tpot_ms"], ".1f"),
-            _cell(st["slo_attainment"], ".1f", 100),
-            _cell(st["held_idle_frac"], ".2f", 100),
-        ]
-        rows.append(f"| {s.workload} | {s.load:.1f} | {s.protocol} | " + " | ".join(cells) + " |")
-    rows += ["", "| workload | " + " | ".join(p for p in dict.fromkeys(s.protocol for s in summaries)) + " |"]
-    rows.append("|---|" + "---|" * len(dict.fromkeys(s.protocol for s in summaries)))
-    for w in dict.fromkeys(s.workload for s in summaries):
-        goods = [f"{goodput_at(summaries, w, p):.1f}" for p in dict.fromkeys(s.protocol for s in summaries)]
-        rows.append(f"| {w} goodput (req/s at >= 90% SLO) | " + " | ".join(goods) + " |")
-    return "\n".join(rows) + "\n"
+def get_paired_values(
+    rows: list[tuple[str, str, int, float]], design: str, baseline: str, workload: str
+) -> tuple[float, float, int]:
+    """As ``get_paired`` for per-seed values given as (workload, design, seed, value) rows."""
+    a = {k: v for w, d, k, v in rows if w == workload and d == design}
+    b = {k: v for w, d, k, v in rows if w == workload and d == baseline}
+    seeds = sorted(set(a) & set(b))
+    mean, hw = interval([a[k] - b[k] for k in seeds])
+    return mean, hw, len(seeds)
