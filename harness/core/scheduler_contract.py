@@ -29,10 +29,19 @@ from kvspec.spec.config import KVCacheConfig
 USES = (O.GetComputedBlocks, O.AllocateSlots, O.Free)
 
 
+def compute_scheduled_total(r: BookRequest, op: O.AllocateSlots) -> int:
+    """Request ``r``'s tokens once ``op`` is applied: computed, hit, external and new."""
+    return r.num_computed_tokens + op.num_new_computed_tokens + op.num_external_computed_tokens + op.num_new_tokens
+
+
+def compute_available(r: BookRequest) -> int:
+    """The tokens a scheduler can schedule for ``r`` in all: its own with drafts, plus those in flight."""
+    return r.num_tokens_with_spec + r.num_in_flight_tokens
+
+
 def compute_overshoot(r: BookRequest, op: O.AllocateSlots) -> int:
     """Tokens ``op`` schedules beyond what request ``r`` has (0 when within)."""
-    total = r.num_computed_tokens + op.num_new_computed_tokens + op.num_external_computed_tokens + op.num_new_tokens
-    return max(0, total - (r.num_tokens_with_spec + r.num_in_flight_tokens))
+    return max(0, compute_scheduled_total(r, op) - compute_available(r))
 
 
 def get_pad_allowance(ops: Sequence[O.Op]) -> int:
@@ -79,13 +88,12 @@ def _note(book: RequestBook[None], op: O.Op) -> None:
 
 
 def _allocation_problem(r: BookRequest, op: O.AllocateSlots, config: KVCacheConfig, pad_allowance: int) -> str | None:
-    computed = r.num_computed_tokens + op.num_new_computed_tokens + op.num_external_computed_tokens
-    total = computed + op.num_new_tokens
+    total = compute_scheduled_total(r, op)
     if total > config.max_model_len:
         return f"allocate_slots({r.request_id}) reaches {total} tokens, past max_model_len {config.max_model_len}"
     if compute_overshoot(r, op) <= pad_allowance:
         return None
-    remaining = r.num_tokens_with_spec + r.num_in_flight_tokens - computed
+    remaining = compute_available(r) - (total - op.num_new_tokens)
     return (
         f"allocate_slots({r.request_id}) schedules {op.num_new_tokens} new tokens where the request has "
         f"{max(remaining, 0)} left" + (f" (and {pad_allowance} of padding)" if pad_allowance else "")

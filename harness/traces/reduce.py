@@ -227,8 +227,8 @@ class _Reducer:
             if not isinstance(op, O.AddRequest):
                 continue
             extras = [k for k, v in PLAIN.items() if getattr(op, k) != v]
-            for change in ([dict.fromkeys(extras)] if len(extras) > 1 else []) + [{k: None} for k in extras]:
-                plain = dataclasses.replace(op, **{k: PLAIN[k] for k in change})
+            for keys in ([extras] if len(extras) > 1 else []) + [[k] for k in extras]:  # all, then each
+                plain = dataclasses.replace(op, **{k: PLAIN[k] for k in keys})
                 if i < len(self.ops) and self.try_candidate(self.config, self.ops[:i] + [plain] + self.ops[i + 1 :]):
                     progress = True
                     break

@@ -63,7 +63,7 @@ def _stub_connector_module() -> str:
 
 
 @cache
-def _model_dir(max_model_len: int) -> str:
+def tiny_model_dir(max_model_len: int) -> str:
     """A folder holding only a tiny Llama ``config.json`` (written once per length and process)."""
     model_dir = Path(tempfile.mkdtemp(prefix="kvspec-tiny-llama-"))
     hf = {
@@ -86,7 +86,7 @@ def build_vllm_config(config: KVCacheConfig, knobs: SchedKnobs) -> Any:
     from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     mml = int(config.max_model_len)
-    model = ModelConfig(model=_model_dir(mml), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=mml)
+    model = ModelConfig(model=tiny_model_dir(mml), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=mml)
     cache_cfg = CacheConfig(
         block_size=int(config.scheduler_block_size),
         cache_dtype="auto",

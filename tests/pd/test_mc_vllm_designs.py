@@ -132,7 +132,7 @@ from kvspec.harness.pd.mc.state import (
     init_state,
 )
 from kvspec.harness.pd.types import Design
-from kvspec.harness.vllm_sched.build import _model_dir as tiny_llama_dir  # the tiny Llama config.json the driver uses
+from kvspec.harness.vllm_sched.build import model_runner_output, tiny_model_dir
 
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
@@ -170,7 +170,7 @@ RID = "r0"
 def make_scheduler(mode: str, role: str, num_blocks: int = NUM_BLOCKS, **extra: Any) -> Scheduler:
     """vLLM's ``Scheduler`` with NIXL's scheduler side: ``mode`` push or pull, ``role`` P or D."""
     model = ModelConfig(
-        model=tiny_llama_dir(1024), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=1024
+        model=tiny_model_dir(1024), dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=1024
     )
     cache_cfg = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     cache_cfg.num_gpu_blocks = num_blocks
@@ -239,15 +239,7 @@ P_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
 def report(sched: Scheduler, out: Any, sampled: tuple[str, ...] = (), **kv: set[str]) -> dict[int, Any]:
     """The model runner's output for ``out``: one token for each of ``sampled``, and the KV
     transfers the worker reports done (``finished_recving`` / ``finished_sending``)."""
-    rows = {"req_id_to_index": {r: i for i, r in enumerate(sampled)}}
-    if "req_id_to_index" not in ModelRunnerOutput.__dataclass_fields__:  # vLLM 0.34 dropped it
-        rows = {}
-    mro = ModelRunnerOutput(
-        req_ids=list(sampled),
-        sampled_token_ids=[[7] for _ in sampled],
-        kv_connector_output=KVConnectorOutput(**kv),  # type: ignore[arg-type]
-        **rows,  # type: ignore[arg-type]
-    )
+    mro = model_runner_output(ModelRunnerOutput, list(sampled), [[7] for _ in sampled], KVConnectorOutput(**kv))
     return sched.update_from_output(out, mro)
 
 

@@ -35,6 +35,7 @@ from upstream_vllm import (  # noqa: E402
     computed_step,
     full,
     known_affected,
+    model_runner_output,
     null_reads,
     request,
     scheduler,
@@ -48,7 +49,6 @@ from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager  # noqa: E402
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 C = 40  # not a multiple of BLOCK = 16
@@ -113,10 +113,7 @@ def _step(sched: Scheduler) -> SchedulerOutput:
     """One scheduler step; every scheduled request samples one token."""
     out = sched.schedule()
     ids = list(out.num_scheduled_tokens)
-    # vLLM up to 0.33 also wants req_id_to_index; 0.34 dropped the field.
-    rows = {"req_id_to_index": {r: i for i, r in enumerate(ids)}}
-    rows = rows if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}
-    sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7]] * len(ids), **rows))
+    sched.update_from_output(out, model_runner_output(ids, [[7]] * len(ids)))
     return out
 
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from upstream_vllm import VLLM_VERSION, full, known_affected, request, scheduler, vllm_config
+from upstream_vllm import VLLM_VERSION, full, known_affected, model_runner_output, request, scheduler, vllm_config
 from vllm.config import KVTransferConfig, VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 push = pytest.importorskip(
@@ -77,8 +77,7 @@ def remote_prefill_request(rid: str):
 def worker_reports(sched: Scheduler, out: SchedulerOutput, finished_recving: set[str] | None = None) -> None:
     """The step's model-runner output: no tokens, and the receives the worker reports done."""
     kv = KVConnectorOutput(finished_recving=finished_recving or set())
-    rows = {"req_id_to_index": {}} if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}
-    sched.update_from_output(out, ModelRunnerOutput(req_ids=[], sampled_token_ids=[], kv_connector_output=kv, **rows))
+    sched.update_from_output(out, model_runner_output([], [], kv))
 
 
 def admit(sched: Scheduler) -> int:

@@ -17,11 +17,11 @@ so that the request recomputes them in place.  Until it has:
 from __future__ import annotations
 
 import pytest
-from upstream_vllm import MAX_MODEL_LEN, full, known_affected, request, scheduler, vllm_config
+from upstream_vllm import MAX_MODEL_LEN, full, known_affected, model_runner_output, request, scheduler, vllm_config
 from vllm.config import KVTransferConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 BLOCK = 16
@@ -56,13 +56,8 @@ def recompute_config(chunk: int | None = None) -> VllmConfig:
 def worker_reports(sched: Scheduler, out: SchedulerOutput, invalid: set[int] | None = None) -> None:
     """The step's output: no token sampled (prefill chunks), some loaded blocks invalid."""
     rids = list(out.num_scheduled_tokens)
-    rows = {}
-    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:
-        rows = {"req_id_to_index": {r: i for i, r in enumerate(rids)}}
     kv = KVConnectorOutput(invalid_block_ids=invalid or set())
-    sched.update_from_output(
-        out, ModelRunnerOutput(req_ids=rids, sampled_token_ids=[[] for _ in rids], kv_connector_output=kv, **rows)
-    )
+    sched.update_from_output(out, model_runner_output(rids, [[] for _ in rids], kv))
 
 
 def load_with_failures(sched: Scheduler, failed: list[int]) -> list[int]:

@@ -192,12 +192,21 @@ def request(rid: str, num_tokens: int, load: int | None = None, sync: bool = Fal
     return req
 
 
+def model_runner_output(
+    req_ids: list[str], sampled: list[list[int]], kv: KVConnectorOutput | None = None
+) -> ModelRunnerOutput:
+    """One step's ``ModelRunnerOutput``: ``sampled[i]`` for ``req_ids[i]``, and the connector's report."""
+    # vLLM up to 0.33 also wants req_id_to_index; 0.34 dropped the field.
+    rows = {}
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:
+        rows = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, kv_connector_output=kv, **rows)
+
+
 def finish_loads(sched: Scheduler, out: SchedulerOutput, *rids: str, invalid: set[int] | None = None) -> None:
     """The worker's report for ``out``: the loads of ``rids`` are done (some blocks invalid)."""
     kv = KVConnectorOutput(finished_recving=set(rids), invalid_block_ids=invalid or set())
-    # vLLM up to 0.33 also wants req_id_to_index; 0.34 dropped the field.
-    rows = {"req_id_to_index": {}} if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__ else {}
-    sched.update_from_output(out, ModelRunnerOutput(req_ids=[], sampled_token_ids=[], kv_connector_output=kv, **rows))
+    sched.update_from_output(out, model_runner_output([], [], kv))
 
 
 def computed_step(sched: Scheduler, out: SchedulerOutput, rid: str) -> tuple[int, int, tuple[list[int], ...]]:
