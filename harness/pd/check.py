@@ -24,9 +24,7 @@ from kvspec.harness.run.options import DAY, NumberRange, UsageError, check_numbe
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--design", default="baseline,proposal", help="comma-separated: baseline, proposal, as-written, bug:NAME"
-    )
+    p.add_argument("--design", default="baseline,proposal", help="comma-separated: baseline, proposal, bug:NAME")
     p.add_argument(
         "--target",
         default="spec",
@@ -160,7 +158,7 @@ def replay_scenarios(make_mirror: Any) -> int:
             f"{'ok  ' if ok else 'FAIL'} {name}: breaks {broken.name if broken else 'nothing'}; "
             f"{sc.safe.name} on the same schedule: {safe or 'safe'}"
         )
-        if not ok or name == "as-written":
+        if not ok or name == "bug:release-on-cancel":
             print("      " + "; ".join(describe(sc.actions)))
             if broken is not None:
                 print(f"      -> {broken}")

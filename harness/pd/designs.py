@@ -3,15 +3,15 @@
 - ``BASELINE``: vLLM 0.33 today.  P prefills and holds its KV (delayed free under a lease that D's
   heartbeats renew); the router then hands the request to D, which allocates with
   ``delay_cache_blocks``, pulls, caches on arrival (docs/semantics.md §6).
-- ``AS_WRITTEN``: the proposal as the question states it.  The request goes to P and D at once;
-  D reserves blocks; P writes into them.  Everything a first implementation would copy from the
-  baseline is kept, including its release rule: D frees a reservation on an abort or a time-out.
-  That is unsafe (a write may still be on its way): ``kvspec pd check --design as-written``.
 - ``PROPOSAL``: the amended proposal.  The one change: D releases a reservation only when no
   write to it can still land (P's ``Done`` or ``RevokeAck``, each sent after P's write completions,
   or a fence that cut off a failed P).
 
 A bug is one decision of a safe design flipped; ``BUGS`` names the rule that must catch it.
+``release-on-cancel`` is the implementation that frees a reservation as soon as it is cancelled
+or timed out: the seed does not say so, and vLLM does not do it (it delays the free), but it is
+the first thing a reservation with a time-out invites.  The seed's design on vLLM's own rules is
+``as-written`` of the exhaustive search (``harness.pd.mc.designs``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from dataclasses import dataclass, replace
 from kvspec.harness.pd.types import Design
 
 BASELINE = Design("baseline", "pull")
-AS_WRITTEN = Design("as-written", "push", release="immediate", fence_on_peer_failure=False)
 PROPOSAL = Design("proposal", "push")
 
-DESIGNS = {d.name: d for d in (BASELINE, AS_WRITTEN, PROPOSAL)}
+DESIGNS = {d.name: d for d in (BASELINE, PROPOSAL)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +113,7 @@ BUGS = {
 
 
 def resolve_design(name: str, designs: dict[str, Design] = DESIGNS, bugs: dict[str, Bug] = BUGS) -> Design:
-    """A design of ``designs`` (``baseline``, ``as-written``, ``proposal``) or ``bug:NAME`` of
+    """A design of ``designs`` (``baseline``, ``proposal``) or ``bug:NAME`` of
     ``bugs``; ``ValueError`` names the choices."""
     if name in designs:
         return designs[name]

@@ -30,6 +30,7 @@ Transfer = Literal["pull", "push"]
 Release = Literal["immediate", "after_writer"]
 OnReserveFail = Literal["queue", "retry", "baseline"]
 Stream = Literal["end", "layerwise"]
+Dispatch = Literal["concurrent", "sequential"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ class Design:
     reserve_within_capacity: bool = (
         True  # D refuses a reservation when every block is held (the fuzz's spec manager refuses on its own)
     )
+    queue_when_full: bool = False  # D keeps a request it has no block for in its queue (vLLM) instead of refusing
+    abort_reaches_finished_p: bool = True  # an abort after P's prefill stops P (vLLM: it finds a finished request)
+    dispatch: Dispatch = "concurrent"  # push: the router sends to P and D at once, or to D after P answered (vLLM)
 
     @property
     def is_push(self) -> bool:

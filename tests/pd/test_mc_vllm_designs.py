@@ -1,4 +1,4 @@
-"""``VLLM_PUSH`` and ``VLLM_PULL`` (harness/pd/mc/designs.py) checked against vLLM itself.
+"""``VLLM_PUSH``, ``VLLM_PULL`` and ``AS_WRITTEN`` (harness/pd/mc/designs.py) checked against vLLM itself.
 
 The two designs are flag sets written by hand.  Here each flag that the search
 (harness/pd/mc/model.py, moves.py) reads for the design's transfer mode gets its value from
@@ -25,7 +25,9 @@ A vLLM event is one model move:
 ======================================  ==============================================
 vLLM                                    model move
 ======================================  ==============================================
-proxy sends the request to P (and D)    ``r0 arrives`` (router)
+proxy sends the request to P (and D)    ``r0 arrives`` (router; to D too: ``AS_WRITTEN``)
+P's answer reaches the proxy, which     ``deliver Prefilled(r0) to router; router picks D0``
+sends the request to D (push, pull)
 ``P.add_request``                       ``deliver Prefill(r0) to P``
 P schedules, finishes (max_tokens=1)    ``P prefills r0``
 D schedules and allocates the request   ``deliver Reserve`` (push) / ``deliver Decode`` (pull)
@@ -68,6 +70,10 @@ Flags checked here against vLLM (scenario -> flag):
   ``self``, reports an expired lease as sent while a transfer of it is still counted in flight.
 - ``reserve_within_capacity``: a second request finds no free block.  D neither allocates it
   nor registers it; it waits.
+- ``queue_when_full``: that second request stays queued, not refused, and is allocated and
+  registered once the first request's blocks are freed.
+- ``abort_reaches_finished_p``: an abort that reaches P after the prefill finds a finished
+  request: P keeps its KV under the lease and still reports the send.
 - ``publish_on_arrival`` (the fuzz reads it, the search does not): D's blocks give a second
   request no prefix hit before ``finished_recving``.
 
@@ -94,12 +100,10 @@ Flags not checked here, and why:
   ``timeout_releases`` and ``revoke`` only for push.  ``VLLM_PULL`` inherits ``BASELINE``'s
   values for them, and those values mean nothing for pull.
 
-Where vLLM and the model differ (``test_p_abort_after_prefill_is_a_model_trace``, strict
-xfail): after P has finished the prefill, the request is finished on P, so vLLM's P ignores an
-abort of it.  The lease keeps the KV.  P's worker still matches a registration with the
-finished blocks, WRITEs, and sends D its completion notice.  D then frees its aborted blocks.
-The model's P stops at the abort: it frees its KV once its writes have drained, sends no
-``Done``, and leaves D's blocks held.
+The push traces come in two dispatches: vLLM's push proxy (P first, D once P answered:
+``VLLM_PUSH``) and the seed's router (P and D at once: ``AS_WRITTEN``, which is otherwise vLLM's
+push).  vLLM's proxy is test code, not in the wheel; ``dispatch`` rests on reading it
+(``PUSH_FORWARDED``), and the traces play it by hand.
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from kvspec.harness.pd.mc.designs import VLLM_PULL, VLLM_PUSH
+from kvspec.harness.pd.mc.designs import AS_WRITTEN, VLLM_PULL, VLLM_PUSH
 from kvspec.harness.pd.mc.model import Bounds
 from kvspec.harness.pd.mc.moves import successors
 from kvspec.harness.pd.mc.state import (
@@ -234,6 +238,9 @@ def d_params(p_params: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 P_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
+PUSH_FORWARDED = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size")
+"""What vLLM's push proxy copies from P's answer into D's request (tests/v1/kv_connector/
+nixl_integration/toy_push_proxy_server.py, read at vLLM commit d1655ee): P first, D after."""
 
 
 def report(sched: Scheduler, out: Any, sampled: tuple[str, ...] = (), **kv: set[str]) -> dict[int, Any]:
@@ -263,8 +270,9 @@ class Event(NamedTuple):
 class Cluster:
     """One P and one D of ``mode``, one request ``r0``, and the events recorded so far."""
 
-    def __init__(self, mode: str, **d_extra: Any) -> None:
+    def __init__(self, mode: str, dispatch: str = "concurrent", **d_extra: Any) -> None:
         self.mode = mode
+        self.concurrent = mode == "push" and dispatch == "concurrent"
         self.P = make_scheduler(mode, "P")
         self.D = make_scheduler(mode, "D", **d_extra)
         self.p_free0, self.d_free0 = free_blocks(self.P), free_blocks(self.D)
@@ -309,9 +317,9 @@ class Cluster:
 
     # the router (the proxy: played by the test)
     def arrive(self) -> None:
-        if self.mode == "push":  # to P and D at once
+        if self.concurrent:  # to P and D at once (the seed's router)
             self.record("r0 arrives (reserve on D0)", "Prefill", "Reserve")
-        else:  # to P; D gets it once P is done
+        else:  # to P; D gets it once P answered (vLLM's proxies)
             self.record("r0 arrives", "Prefill")
 
     def abort(self) -> None:
@@ -319,7 +327,7 @@ class Cluster:
 
     def hand_to_d(self) -> None:
         assert self.p_params is not None
-        self.record("deliver Prefilled(r0) to router; router picks D0", "Decode")
+        self.record("deliver Prefilled(r0) to router; router picks D0", "Reserve" if self.mode == "push" else "Decode")
 
     # P
     def p_add(self) -> None:
@@ -343,6 +351,8 @@ class Cluster:
         sent: list[str] = []
         if self.mode == "pull" and self.p_params and self.p_params.get("remote_block_ids"):
             sent.append("Prefilled")  # P's response carries the KV's address to the proxy
+        if self.mode == "push" and not self.concurrent and self.p_params and self.p_params.get("remote_engine_id"):
+            sent.append("Prefilled")  # P's response carries its coordinates to the proxy
         if self.mode == "push" and RID in meta.push_finished_blocks:
             self.p_finished_blocks_sent = True
             if self.p_worker_registration:
@@ -383,7 +393,11 @@ class Cluster:
         return out
 
     def d_add(self) -> None:
-        self.D.add_request(new_request(RID, d_params(), max_tokens=4))
+        params = d_params()
+        if self.mode == "push" and not self.concurrent:  # the push proxy forwards P's coordinates
+            assert self.p_params is not None
+            params |= {k: self.p_params[k] for k in PUSH_FORWARDED}
+        self.D.add_request(new_request(RID, params, max_tokens=4))
 
     def registration_to_p(self) -> None:
         """D's worker sends the registration; P's worker keeps it until its blocks are finished
@@ -492,6 +506,42 @@ def push_happy() -> Cluster:
     return c
 
 
+def push_sequential_happy() -> Cluster:
+    """vLLM's push proxy: P first; P's answer names P; D then allocates and registers, and P,
+    holding the finished blocks, WRITEs at once."""
+    c = Cluster("push", dispatch="sequential")
+    c.arrive()
+    c.p_add()
+    c.p_prefill()
+    c.hand_to_d()
+    c.d_add()
+    c.d_schedule("deliver Reserve(r0@D0) to D0")
+    c.registration_to_p()
+    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
+    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.d_run()
+    return c
+
+
+def push_sequential_abort_after_prefill() -> Cluster:
+    """vLLM's push proxy, the client gone once P answered: the abort finds a finished request on
+    P and changes nothing there; D's registration still gets its WRITE, and D frees on it."""
+    c = Cluster("push", dispatch="sequential")
+    c.arrive()
+    c.p_add()
+    c.p_prefill()
+    c.hand_to_d()
+    c.d_add()
+    c.abort()
+    c.d_schedule("deliver Reserve(r0@D0) to D0")
+    c.p_abort()
+    c.d_abort()
+    c.registration_to_p()
+    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
+    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    return c
+
+
 def push_abort_after_write() -> Cluster:
     """Push: the client aborts while D waits for the WRITE.  D holds the blocks and tells P
     nothing.  The WRITE completes, its notice reaches D, and D frees the blocks then."""
@@ -595,9 +645,12 @@ def pull_lease_expires_while_reading() -> Cluster:
 
 
 TRACES: dict[str, tuple[Callable[[], Cluster], Design]] = {
-    "push-happy": (push_happy, VLLM_PUSH),
-    "push-abort-after-write": (push_abort_after_write, VLLM_PUSH),
-    "push-abort-before-prefill": (push_abort_before_prefill, VLLM_PUSH),
+    "push-happy": (push_sequential_happy, VLLM_PUSH),
+    "push-abort-after-prefill": (push_sequential_abort_after_prefill, VLLM_PUSH),
+    "concurrent-push-happy": (push_happy, AS_WRITTEN),
+    "concurrent-push-abort-after-write": (push_abort_after_write, AS_WRITTEN),
+    "concurrent-push-abort-before-prefill": (push_abort_before_prefill, AS_WRITTEN),
+    "concurrent-push-abort-after-prefill": (push_abort_after_prefill, AS_WRITTEN),
     "pull-happy": (pull_happy, VLLM_PULL),
     "pull-abort-while-reading": (pull_abort_while_reading, VLLM_PULL),
     "pull-lease-expires-while-reading": (pull_lease_expires_while_reading, VLLM_PULL),
@@ -624,21 +677,13 @@ def test_lease_expiry_trace_breaks_transfer_source_held():
     assert result.violations == [(6, "transfer_source_held")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model gap: vLLM's P WRITEs (and D frees on the notice) after an abort that reaches P "
-    "once the prefill finished; the model's P sends no Done after an abort",
-)
-def test_p_abort_after_prefill_is_a_model_trace():
-    trace = list(push_abort_after_prefill().events)
-    result = replay(VLLM_PUSH, trace)
-    assert result.matched == len(trace), result.why
-
-
 FLIPS = [
-    ("push-abort-after-write", VLLM_PUSH, {"release": "immediate"}),
-    ("push-abort-after-write", VLLM_PUSH, {"revoke": True}),
-    ("push-happy", VLLM_PUSH, {"transfer": "pull"}),
+    ("concurrent-push-abort-after-write", AS_WRITTEN, {"release": "immediate"}),
+    ("concurrent-push-abort-after-write", AS_WRITTEN, {"revoke": True}),
+    ("concurrent-push-happy", AS_WRITTEN, {"transfer": "pull"}),
+    ("concurrent-push-happy", AS_WRITTEN, {"dispatch": "sequential"}),
+    ("push-happy", VLLM_PUSH, {"dispatch": "concurrent"}),
+    ("push-abort-after-prefill", VLLM_PUSH, {"abort_reaches_finished_p": True}),
     ("pull-abort-while-reading", VLLM_PULL, {"defer_free_while_loading": False}),
     ("pull-happy", VLLM_PULL, {"producer_delayed_free": False}),
     ("pull-lease-expires-while-reading", VLLM_PULL, {"hold_outlives_transfers": True}),
@@ -873,6 +918,39 @@ def derive_reserve_within_capacity(mode: str) -> bool:
     return not admitted and d.requests["b"].status == RequestStatus.WAITING
 
 
+def derive_queue_when_full(mode: str) -> bool:
+    """The second request of ``derive_reserve_within_capacity``: queued (not refused, not
+    finished), then allocated and registered (push) or read (pull) once the first is freed."""
+    d = make_scheduler(mode, "D", num_blocks=PROMPT // BLOCK + 2)
+    params = [d_params() | {"remote_request_id": r} for r in ("a", "b")]
+    if mode == "pull":
+        params = [p | {"remote_block_ids": ([1, 2, 3, 4],)} for p in params]
+    d.add_request(new_request("a", params[0], 4))
+    report(d, d.schedule())
+    d.add_request(new_request("b", params[1], 4, tokens=list(range(500, 500 + PROMPT))))
+    report(d, d.schedule())
+    queued = d.requests["b"].status == RequestStatus.WAITING
+    d.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    report(d, d.schedule(), finished_recving={"a"})
+    admitted = False
+    for _ in range(3):
+        out = d.schedule()
+        meta = out.kv_connector_metadata
+        admitted |= "b" in meta.push_registrations or "b" in meta.reqs_to_recv
+        report(d, out)
+    return queued and "a" not in d.requests and admitted
+
+
+def derive_abort_reaches_finished_p(mode: str) -> bool:
+    """An abort after P's prefill: does it change P's hold (push: is the send still to come)?"""
+    c = Cluster(mode)
+    c.p_add()
+    c.p_prefill()
+    held = free_blocks(c.P)
+    c.p_abort()
+    return not (c.p_phase() == "holding" and free_blocks(c.P) == held)
+
+
 def derive_publish_on_arrival(mode: str) -> bool:
     """D's blocks become prefix-cache hits only once the KV arrived."""
     c = Cluster(mode)
@@ -905,13 +983,15 @@ DERIVED: dict[str, Callable[[str], object]] = {
     "producer_delayed_free": derive_producer_delayed_free,
     "hold_outlives_transfers": derive_hold_outlives_transfers,
     "reserve_within_capacity": derive_reserve_within_capacity,
+    "queue_when_full": derive_queue_when_full,
+    "abort_reaches_finished_p": derive_abort_reaches_finished_p,
     "publish_on_arrival": derive_publish_on_arrival,
 }
 PUSH_ONLY = {"release", "revoke", "timeout_releases", "skip_d_hits"}  # the model reads them for push only
 PULL_ONLY = {"defer_free_while_loading", "producer_delayed_free"}  # ... for pull only
 CHECKS = [
     (design, flag)
-    for design in (VLLM_PUSH, VLLM_PULL)
+    for design in (VLLM_PUSH, VLLM_PULL, AS_WRITTEN)
     for flag in DERIVED
     if not (flag in PUSH_ONLY and not design.is_push) and not (flag in PULL_ONLY and design.is_push)
 ]
@@ -936,7 +1016,13 @@ def test_design_flag_matches_vllm(design, flag):
 
 @pytest.mark.parametrize(
     ("design", "flag"),
-    [(VLLM_PUSH, "timeout_releases"), (VLLM_PUSH, "revoke"), (VLLM_PULL, "defer_free_while_loading")],
+    [
+        (VLLM_PUSH, "timeout_releases"),
+        (VLLM_PUSH, "revoke"),
+        (VLLM_PULL, "defer_free_while_loading"),
+        (VLLM_PUSH, "queue_when_full"),
+        (VLLM_PULL, "abort_reaches_finished_p"),
+    ],
     ids=lambda x: getattr(x, "name", x),
 )
 def test_flipped_flag_disagrees_with_vllm(design, flag):

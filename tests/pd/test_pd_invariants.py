@@ -22,8 +22,8 @@ def test_every_rule_has_a_deliberate_bug():
     assert {f"bug:{b}" for b in BUGS} <= set(SCENARIOS)
 
 
-def test_the_proposal_as_written_is_unsafe_by_the_shortest_schedule():
-    sc = SCENARIOS["as-written"]
+def test_release_on_cancel_is_unsafe_by_the_shortest_schedule():
+    sc = SCENARIOS["bug:release-on-cancel"]
     _, v = play(sc.design, sc.actions, sc.options)
     assert v is not None and v.name == "write_lands_in_held_block"
     assert len(sc.actions) == 10

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from kvspec.harness.pd import cluster, router
-from kvspec.harness.pd.designs import AS_WRITTEN, BASELINE, PROPOSAL
+from kvspec.harness.pd.designs import BASELINE, BUGS, PROPOSAL
 from kvspec.harness.pd.instance import make_config
 from kvspec.harness.pd.invariants import check_pd_invariants
 from kvspec.harness.pd.state import ClusterState
@@ -43,7 +43,7 @@ def run(design, options=None, requests=((R0, 2),), d_blocks=12, crash_after=None
     return s, sent
 
 
-@pytest.mark.parametrize("design", [BASELINE, PROPOSAL, AS_WRITTEN], ids=lambda d: d.name)
+@pytest.mark.parametrize("design", [BASELINE, PROPOSAL, BUGS["release-on-cancel"].design], ids=lambda d: d.name)
 @pytest.mark.parametrize("stream", ["end", "layerwise"])
 def test_every_request_finishes(design, stream):
     s, sent = run(design, Options(num_decoders=2, stream=stream), requests=((R0, 2), (R0[:7], 3), ((2, 2), 1)))

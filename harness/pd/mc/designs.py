@@ -1,15 +1,25 @@
 """What the search checks: the fuzzed designs, vLLM's real baselines, and the deliberate bugs.
 
 ``VLLM_PUSH`` and ``VLLM_PULL`` are what vLLM 0.33.0 and 0.34.0 do (their NIXL connector's push
-and pull modes and the scheduler's free path; the two releases agree on every decision below,
-docs/pd-preallocation.md §vLLM's baseline): the decode side registers its blocks with P as soon
-as it allocated them, even before P finished (P keeps early registrations); a request aborted
-while waiting for remote KV has its free delayed until the transfer reports done; D's push
+and pull modes, the scheduler's free path, and the push proxy of vLLM's NIXL tests; the two
+releases agree on every decision below, docs/pd-preallocation.md §vLLM's baseline): the proxy
+sends the request to D only once P answered (``dispatch="sequential"``); D keeps a request it
+has no block for in its waiting queue (``queue_when_full``: it refuses nothing, so the router's
+retry never runs); an abort that reaches P after its prefill finds a finished request and changes
+nothing (P's lease keeps the KV, and a registration still gets its write); D registers its blocks
+with P as soon as it allocated them; a request aborted while waiting for remote KV has its free
+delayed until the transfer reports done; D's push
 watchdog only drops the pending registration (it frees nothing); P's hold on finished KV is a
 lease that D's heartbeats extend, and it frees the KV when it runs out even if a transfer is
 still reading it; nothing fences a failed P.  tests/pd/test_mc_vllm_designs.py derives these flags
 from vLLM's real ``Scheduler`` and NIXL connector scheduler side, and replays recorded runs as traces
 of the model; its docstring lists the flags that rest on worker code instead.
+
+``AS_WRITTEN`` is the seed's proposal on vLLM's own rules: vLLM's push with the one change the
+seed asks for, the router sending to P and D at once.  Nothing else is added, so it keeps vLLM's
+delayed free (no free on a time-out: the seed does not ask for one).  The ``-timed`` variants
+assume P's lease outlives the handoff and every transfer (what heartbeats buy when nothing stalls
+for ``kv_lease_duration``).
 
 ``MC_BUGS`` are the bugs of ``designs.BUGS`` that the abstract model can express, plus one for
 each fault kind the fuzz does not inject (loss, restart, an expiring lease).
@@ -19,25 +29,47 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvspec.harness.pd.designs import AS_WRITTEN, BASELINE, BUGS, PROPOSAL, Bug, resolve_design
+from kvspec.harness.pd.designs import BASELINE, BUGS, PROPOSAL, Bug, resolve_design
 from kvspec.harness.pd.types import Design
 
 VLLM_PUSH = replace(
     PROPOSAL,
     name="vllm-push",
+    dispatch="sequential",
+    queue_when_full=True,
+    abort_reaches_finished_p=False,
     timeout_releases=False,
     revoke=False,
     fence_on_peer_failure=False,
     hold_outlives_transfers=False,
 )
-VLLM_PULL = replace(BASELINE, name="vllm-pull", fence_on_peer_failure=False, hold_outlives_transfers=False)
+VLLM_PULL = replace(
+    BASELINE,
+    name="vllm-pull",
+    queue_when_full=True,
+    abort_reaches_finished_p=False,
+    fence_on_peer_failure=False,
+    hold_outlives_transfers=False,
+)
+AS_WRITTEN = replace(VLLM_PUSH, name="as-written", dispatch="concurrent")
 
-# The same, with the lease assumed long enough to outlive every transfer (what timing buys).
+# The same, with the lease assumed long enough to outlive the handoff and every transfer.
 VLLM_PUSH_TIMED = replace(VLLM_PUSH, name="vllm-push-timed", hold_outlives_transfers=True)
 VLLM_PULL_TIMED = replace(VLLM_PULL, name="vllm-pull-timed", hold_outlives_transfers=True)
+AS_WRITTEN_TIMED = replace(AS_WRITTEN, name="as-written-timed", hold_outlives_transfers=True)
 
 MC_DESIGNS = {
-    d.name: d for d in (BASELINE, AS_WRITTEN, PROPOSAL, VLLM_PUSH, VLLM_PULL, VLLM_PUSH_TIMED, VLLM_PULL_TIMED)
+    d.name: d
+    for d in (
+        BASELINE,
+        PROPOSAL,
+        AS_WRITTEN,
+        AS_WRITTEN_TIMED,
+        VLLM_PUSH,
+        VLLM_PULL,
+        VLLM_PUSH_TIMED,
+        VLLM_PULL_TIMED,
+    )
 }
 
 _NEW = (

@@ -120,10 +120,16 @@ def held_on(w: W, d: int) -> int:
 # --- the router ------------------------------------------------------------------------------
 
 
+def is_concurrent(g: Design) -> bool:
+    """The router reserves on D when the request arrives (push dispatched to P and D at once)."""
+    return g.is_push and g.dispatch == "concurrent"
+
+
 def arrive(w: W, g: Design, r: int, d: int) -> None:
-    """A request arrives: to P, and (push) a reservation on ``d`` at the same time."""
+    """A request arrives: to P, and (concurrent push) a reservation on ``d`` at the same time;
+    otherwise D gets it once P answered (``Prefilled``)."""
     w.send((PREFILL, r, 0, w.pe, 0))
-    if g.is_push:
+    if is_concurrent(g):
         w.reqs[r] = w.reqs[r]._replace(rph=1, rd=d, tried=1 << d)
         w.send((RESERVE, r, d, w.pe, 0))
     else:
@@ -187,6 +193,8 @@ def p_step(w: W, g: Design, r: int) -> None:
     """P computes the prompt (vLLM ``request_finished`` on P follows)."""
     w.reqs[r] = w.reqs[r]._replace(pj=2)
     if g.is_push:
+        if not is_concurrent(g):
+            w.send((PREFILLED, r, 0, w.pe, 0))  # P's answer carries its coordinates to the proxy
         issue_transfers(w, g, r)
     else:
         w.send((PREFILLED, r, 0, w.pe, 0))
@@ -195,8 +203,9 @@ def p_step(w: W, g: Design, r: int) -> None:
 
 
 def is_reader_coming(w: W, r: int) -> bool:
-    """Pull: a handoff or a read of ``r`` is on its way (what a long-enough lease waits out)."""
-    if any(m[1] == r and m[0] in (PREFILLED, DECODE, READ, RFAIL) for m in w.net):
+    """A handoff, a registration or a read of ``r`` is on its way, or a decode instance waits
+    for its KV (what a long-enough lease waits out)."""
+    if any(m[1] == r and m[0] in (PREFILLED, DECODE, RESERVE, REG, READ, RFAIL) for m in w.net):
         return True
     return any(row[r].ph in (PH_RESERVED, PH_ABORT_WAIT) for row in w.res)
 
@@ -208,7 +217,7 @@ def can_expire_hold(w: W, g: Design, r: int) -> bool:
     if not g.hold_outlives_transfers:
         return True  # vLLM 0.33: the lease frees the KV even with a transfer reading it
     if g.is_push:
-        return q.pout == 0 and not q.ptgt
+        return q.pout == 0 and not q.ptgt and not is_reader_coming(w, r)
     return not is_reader_coming(w, r)
 
 
@@ -242,8 +251,8 @@ def on_p_message(w: W, g: Design, m: Msg) -> None:
             w.send((ACK, r, d, b, 0))
         w.reqs[r] = q
     elif kind == ABORT:
-        if a != w.pe:
-            return
+        if a != w.pe or (q.pj >= 2 and not g.abort_reaches_finished_p):
+            return  # vLLM: the request already finished on P; its lease keeps the KV for D
         q = q._replace(pfl=q.pfl | P_ABORTED)
         if q.ptgt and g.revoke:  # tell the registered D that nothing (more) will be written
             q = q._replace(pack=tuple(sorted(set(q.pack) | {(q.ptgt[0], q.ptgt[1])})), ptgt=())

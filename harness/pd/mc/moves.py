@@ -20,6 +20,7 @@ from kvspec.harness.pd.mc.model import (
     can_expire_hold,
     cancel_or_expire,
     hand_to,
+    is_concurrent,
     land,
     on_d_message,
     on_p_message,
@@ -37,6 +38,7 @@ from kvspec.harness.pd.mc.state import (
     PH_ABORT_WAIT,
     PH_ARRIVED,
     PH_CRASHED,
+    PH_NONE,
     PH_ORPHAN,
     PH_RESERVED,
     PH_REVOKING,
@@ -118,8 +120,8 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
     nd = len(base.dinc)
     for r, q in enumerate(base.reqs):
         if q.rph == 0:
-            for d in range(nd) if g.is_push else (0,):
-                yield go(f"r{r} arrives" + (f" (reserve on D{d})" if g.is_push else ""), "step", arrive, g, r, d)
+            for d in range(nd) if is_concurrent(g) else (0,):
+                yield go(f"r{r} arrives" + (f" (reserve on D{d})" if is_concurrent(g) else ""), "step", arrive, g, r, d)
         elif q.rph == 1:
             yield go(f"r{r} is aborted", "step", abort, g, r)
         if q.pj == 1 and not q.pfl & P_ABORTED:
@@ -137,7 +139,7 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
             if x.ph == PH_REVOKING and g.resend_revoke and revoke not in base.net and answer not in base.net:
                 yield go(f"D{d} resends Revoke(r{r})", "step", W.send, revoke)
     for m in sorted(set(base.net)):
-        yield from deliveries(s, g, m, go, nd)
+        yield from deliveries(s, g, m, go, nd, bounds.blocks)
         if m[0] not in DATA and base.lost < bounds.loss:
             yield go(f"lose {describe(m)}", "fault", lose, m)
         if m[0] not in DATA and base.dup < bounds.dup:
@@ -148,7 +150,7 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
             yield go(f"D{d} crashes", "fault", crash_d, d)
 
 
-def deliveries(s: State, g: Design, m: Msg, go: Go, nd: int) -> Iterator[Step]:
+def deliveries(s: State, g: Design, m: Msg, go: Go, nd: int, blocks: int) -> Iterator[Step]:
     kind, r, d, a, b = m
     take = describe(m)
 
@@ -161,6 +163,8 @@ def deliveries(s: State, g: Design, m: Msg, go: Go, nd: int) -> Iterator[Step]:
         yield step(f"deliver {take}", "step", deliver, land, g, m, True)
         yield step(f"{take} fails", "step", deliver, land, g, m, False)
     elif kind in (RESERVE, DECODE):
+        if g.queue_when_full and is_full_for(s, g, d, r, blocks):
+            return  # vLLM: the request waits in D's queue until a block is free
         for hit in (0, 1) if kind == RESERVE else (0,):
             label = f"deliver {take}" + (" (D has a prefix hit)" if hit else "")
             yield step(label, "step", deliver, reserve, g, m, hit)
@@ -170,6 +174,14 @@ def deliveries(s: State, g: Design, m: Msg, go: Go, nd: int) -> Iterator[Step]:
         yield step(f"deliver {take}", "step", deliver, on_p_message, g, m)
     else:
         yield step(f"deliver {take}", "step", deliver, on_d_message, g, m)
+
+
+def is_full_for(s: State, g: Design, d: int, r: int, blocks: int) -> bool:
+    """Delivering ``r``'s Reserve or Decode to ``d`` would allocate, and ``d`` has no free block."""
+    x = s[3][d][r]
+    if x.ph != PH_NONE or (x.tomb and g.d_tombstones_cancelled):
+        return False
+    return sum(1 for y in s[3][d] if y.ph in HELD) >= blocks
 
 
 def router_deliveries(s: State, g: Design, m: Msg, go: Go, nd: int) -> Iterator[Step]:
