@@ -86,6 +86,7 @@ class Design:
         True  # D refuses a reservation when every block is held (the fuzz's spec manager refuses on its own)
     )
     queue_when_full: bool = False  # D keeps a request it has no block for in its queue (vLLM) instead of refusing
+    ack_names_incarnation: bool = True  # D releases on an acknowledgement only from the P incarnation it waits for
     abort_reaches_finished_p: bool = True  # an abort after P's prefill stops P (vLLM: it finds a finished request)
     dispatch: Dispatch = "concurrent"  # push: the router sends to P and D at once, or to D after P answered (vLLM)
 

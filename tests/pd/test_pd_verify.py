@@ -173,9 +173,9 @@ def test_verify_cli_exit_codes_and_report(tmp_path, capsys):
 
 
 @pytest.mark.full
-def test_default_bounds_reach_90k_states_and_every_verdict():
+def test_default_bounds_reach_120k_states_and_every_verdict():
     r = explore(MC_DESIGNS["proposal"], Bounds())
-    assert r.ok and r.states >= 90_000
+    assert r.ok and r.states >= 120_000
     assert explore(MC_DESIGNS["as-written"], Bounds()).rule == "transfer_source_held"
     for name, bug in MC_BUGS.items():
         if name not in CONTENTION_BUGS:

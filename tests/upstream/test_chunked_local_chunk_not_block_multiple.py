@@ -82,10 +82,10 @@ def null_reading_lengths(*specs: KVCacheSpec) -> dict[int, list[tuple[int, int]]
 
 
 @pytest.mark.xfail(
-    known_affected("K3"),
+    known_affected("chunked-local-chunk-not-block-multiple"),
     strict=True,
     raises=ChunkReadsNull,
-    reason="K3: vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
+    reason="vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
 )
 def test_chunk_not_block_multiple_is_rejected_or_reads_no_null() -> None:
     bad = null_reading_lengths()
@@ -146,10 +146,10 @@ def test_hybrid_fresh_prompt_or_no_eviction_reads_no_null() -> None:
 
 
 @pytest.mark.xfail(
-    known_affected("K3"),
+    known_affected("chunked-local-chunk-not-block-multiple"),
     strict=True,
     raises=ChunkReadsNull,
-    reason="K3: vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
+    reason="vLLM 0.23.0-0.34.0 accept a chunk size that is not a block multiple",
 )
 def test_hybrid_prefix_hit_after_eviction_reads_no_null() -> None:
     got = hybrid_prefix_hit(num_blocks=20)

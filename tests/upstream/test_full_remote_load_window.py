@@ -82,10 +82,10 @@ CASES = [  # kind, W or C, prompt lengths, hybrid (full + window groups, gpt-oss
 
 
 @pytest.mark.xfail(
-    known_affected("K1"),
+    known_affected("full-remote-load-window"),
     strict=True,
     raises=NullBlockRead,
-    reason="K1: vLLM 0.23.0-0.34.0 null the window of the recomputed last prompt token",
+    reason="vLLM 0.23.0-0.34.0 null the window of the recomputed last prompt token",
 )
 @pytest.mark.parametrize("kind, span, lengths, hybrid", CASES, ids=lambda c: str(c))
 def test_full_remote_load_recompute_reads_no_null_block(

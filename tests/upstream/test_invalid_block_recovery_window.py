@@ -72,10 +72,10 @@ def loaded_blocks() -> range:
 
 
 @pytest.mark.xfail(
-    known_affected("K2"),
+    known_affected("invalid-block-recovery-window"),
     strict=True,
     raises=NullBlockRead,
-    reason="K2: vLLM 0.23.0-0.34.0 recompute from a position whose window blocks are null",
+    reason="vLLM 0.23.0-0.34.0 recompute from a position whose window blocks are null",
 )
 def test_invalid_block_recovery_reads_no_null_block() -> None:
     bad = {i: reads for i in loaded_blocks() if (reads := recompute_reads(i)[1])}

@@ -1,4 +1,4 @@
-"""K10: under NIXL's push mode, when the prefill instance never writes a registered request's KV
+"""Under NIXL's push mode, when the prefill instance never writes a registered request's KV
 (it failed or restarted after the registration reached it, or its lease on the blocks ran out),
 nothing on the decode instance ends the receive: the request waits in ``WAITING_FOR_REMOTE_KVS``
 for as long as the engine runs, and once the client aborts it its blocks are never freed.
@@ -103,8 +103,8 @@ def steps_past_the_watchdog(sched: Scheduler, report_recv: bool = False) -> None
 
 
 @pytest.mark.xfail(
-    known_affected("K10"),
-    reason="K10: the push watchdog fails no registration P never fulfils",
+    known_affected("push-receive-never-ends"),
+    reason="the push watchdog fails no registration P never fulfils",
     strict=True,
 )
 def test_watchdog_ends_a_receive_p_never_writes():
@@ -130,8 +130,8 @@ def abort_while_waiting(report_recv: bool) -> tuple[Scheduler, int, int]:
 
 
 @pytest.mark.xfail(
-    known_affected("K10"),
-    reason="K10: an aborted push-mode receive that P never writes holds D's blocks",
+    known_affected("push-receive-never-ends"),
+    reason="an aborted push-mode receive that P never writes holds D's blocks",
     strict=True,
 )
 def test_aborted_push_receive_frees_its_blocks_once_the_watchdog_fires():

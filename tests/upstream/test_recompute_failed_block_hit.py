@@ -1,4 +1,4 @@
-"""K11: with ``kv_load_failure_policy="recompute"``, a block whose synchronous KV load failed stays
+"""With ``kv_load_failure_policy="recompute"``, a block whose synchronous KV load failed stays
 in the prefix cache until its request recomputes it, so another request can hit it first and read
 the failed KV.
 
@@ -75,7 +75,11 @@ def hit_blocks(sched: Scheduler, rid: str, hit_tokens: int) -> list[int]:
     return list(sched.kv_cache_manager.get_block_ids(rid)[0][: hit_tokens // BLOCK])
 
 
-@pytest.mark.xfail(known_affected("K11"), reason="K11: a failed block stays cached while recomputed", strict=True)
+@pytest.mark.xfail(
+    known_affected("recompute-keeps-failed-blocks-cached"),
+    reason="a failed block stays cached while recomputed",
+    strict=True,
+)
 def test_no_hit_on_a_failed_block_before_it_is_recomputed():
     sched = scheduler(full(), config=recompute_config(chunk=16))
     table = load_with_failures(sched, failed=[1, 3])  # blocks 1 and 3 of a's load failed
@@ -90,7 +94,11 @@ def test_no_hit_on_a_failed_block_before_it_is_recomputed():
     )
 
 
-@pytest.mark.xfail(known_affected("K11"), reason="K11: a failed block stays cached while recomputed", strict=True)
+@pytest.mark.xfail(
+    known_affected("recompute-keeps-failed-blocks-cached"),
+    reason="a failed block stays cached while recomputed",
+    strict=True,
+)
 def test_no_hit_on_a_failed_block_after_its_request_is_aborted():
     sched = scheduler(full(), config=recompute_config())
     table = load_with_failures(sched, failed=[0])

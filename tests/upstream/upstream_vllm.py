@@ -56,11 +56,11 @@ RELEASES_RUN = (
 """The released wheels these reproductions were run on, each in its own environment (the tables in
 docs/upstream/*.md give the result per release and bug)."""
 LAST_AFFECTED = {
-    "K1": Version("0.34.0"),
-    "K2": Version("0.34.0"),
-    "K3": Version("0.34.0"),
-    "K10": Version("0.34.0"),
-    "K11": Version("0.34.0"),
+    "full-remote-load-window": Version("0.34.0"),
+    "invalid-block-recovery-window": Version("0.34.0"),
+    "chunked-local-chunk-not-block-multiple": Version("0.34.0"),
+    "push-receive-never-ends": Version("0.34.0"),
+    "recompute-keeps-failed-blocks-cached": Version("0.34.0"),
 }
 """Per bug, the newest release on which its reproduction was run and found it (every release of
 ``RELEASES_RUN`` showed all three).  A later version runs the reproductions as plain tests, so a fix
@@ -69,7 +69,7 @@ bound is moved."""
 
 
 def known_affected(bug: str) -> bool:
-    """Whether the installed vLLM is a release known to have ``bug`` (K1, K2, K3, K10, K11)."""
+    """Whether the installed vLLM is a release known to have ``bug`` (a report of docs/upstream/, by its file name)."""
     return VLLM_VERSION <= LAST_AFFECTED[bug]
 
 

@@ -96,6 +96,14 @@ _NEW = (
         "a restarted D keeps the old memory registration: a write meant for its previous life lands in a reused block",
     ),
     Bug(
+        "ack-from-any-incarnation",
+        PROPOSAL,
+        {"ack_names_incarnation": False},
+        "write_lands_in_held_block",
+        "D releases on a restarted P's acknowledgement: the new incarnation speaks for its own writes only, "
+        "and the failed one's write, not yet fenced, lands in the released block",
+    ),
+    Bug(
         "reserve-past-capacity",
         PROPOSAL,
         {"reserve_within_capacity": False},
@@ -114,9 +122,10 @@ _NEW = (
 # The fuzz's bugs, but one: ``no-cancel-on-abort`` is no bug here, as P's abort acknowledges
 # the registered D (an amendment the search found needed: a D restart loses the Cancel's tombstone).
 MC_BUGS = {b.name: b for b in (*BUGS.values(), *_NEW) if b.name != "no-cancel-on-abort"}
-MC_BUG_RULE = {"no-fence": "write_lands_in_held_block"}
-"""Where the search finds a worse failure first: without the fence, the restarted P's answer to a
-registration is taken for the failed one's, and an old write lands in a released block."""
+MC_BUG_RULE = {"no-fence": "reservation_released_or_used"}
+"""The rule the search reaches where the fuzz's own rule has no counterpart here: without the
+fence, a reservation waiting for a crashed P is released by nothing (the restarted P's
+acknowledgement speaks only for its own writes), the search's liveness rule."""
 
 
 CONTENTION_BUGS = frozenset({"reserve-past-capacity"})

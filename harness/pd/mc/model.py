@@ -86,10 +86,10 @@ class W:
 
     def __init__(self, s: State, blocks: int) -> None:
         self.blocks = blocks
-        pe, dinc, reqs, res, net, lost, dup, crashed = s
+        pe, dinc, reqs, res, net, lost, dup, crashed, fb = s
         self.pe, self.dinc, self.reqs = pe, list(dinc), list(reqs)
         self.res = [list(row) for row in res]
-        self.net, self.lost, self.dup, self.crashed = list(net), lost, dup, crashed
+        self.net, self.lost, self.dup, self.crashed, self.fb = list(net), lost, dup, crashed, fb
         self.violation: tuple[str, str] | None = None
 
     def send(self, m: Msg) -> None:
@@ -110,6 +110,7 @@ class W:
             self.lost,
             self.dup,
             self.crashed,
+            self.fb,
         )
 
 
@@ -178,7 +179,7 @@ def settle(w: W, g: Design, r: int) -> None:
     if q.pout:
         return
     for d, di in q.pack:
-        w.send((ACK, r, d, di, 0))
+        w.send((ACK, r, d, di, w.pe))
     q = q._replace(pack=())
     if q.pj == 2 and q.pfl & P_ABORTED and g.is_push:
         q = q._replace(pj=3)
@@ -234,7 +235,7 @@ def on_p_message(w: W, g: Design, m: Msg) -> None:
             if g.revoke and q.pout:  # nothing more will be written: D may free once the rest completed
                 w.reqs[r] = q._replace(pack=tuple(sorted(set(q.pack) | {(d, a)})))
             elif g.revoke:
-                w.send((ACK, r, d, a, 0))
+                w.send((ACK, r, d, a, w.pe))
         elif not q.ptgt:  # kept even before the Prefill (vLLM 0.33 push keeps early registrations)
             w.reqs[r] = q._replace(ptgt=(d, a, b))
             issue_transfers(w, g, r)
@@ -248,7 +249,7 @@ def on_p_message(w: W, g: Design, m: Msg) -> None:
         if q.pout:  # acknowledge only once no write of the request is outstanding
             q = q._replace(pack=tuple(sorted(set(q.pack) | {(d, b)})))
         else:
-            w.send((ACK, r, d, b, 0))
+            w.send((ACK, r, d, b, w.pe))
         w.reqs[r] = q
     elif kind == ABORT:
         if a != w.pe or (q.pj >= 2 and not g.abort_reaches_finished_p):
@@ -313,7 +314,7 @@ def reserve(w: W, g: Design, m: Msg, hit: int) -> None:
     x = w.res[d][r]
     if x.ph != PH_NONE or (x.tomb and g.d_tombstones_cancelled):
         return
-    if a != w.pe and g.fence_on_peer_failure:  # for a P incarnation D has fenced: refuse
+    if a < w.fb and g.fence_on_peer_failure:  # for a P incarnation D has fenced: refuse
         w.send((RFAIL, r, d, a, 0))
         return
     if held_on(w, d) >= w.blocks and g.reserve_within_capacity:
@@ -331,7 +332,7 @@ def land(w: W, g: Design, m: Msg, ok: bool) -> None:
     epoch = b >> 1 if kind == WRITE else b
     hit = b & 1 if kind == WRITE else 0
     x = w.res[d][r]
-    fenced = (di != w.dinc[d] and g.fence_restarted_d) or (epoch != w.pe and g.fence_on_peer_failure)
+    fenced = (di != w.dinc[d] and g.fence_restarted_d) or (epoch < w.fb and g.fence_on_peer_failure)
     if ok and not fenced:
         if not is_source_held(w, r, epoch):
             w.flag("transfer_source_held", f"{describe(m)} reads r{r}'s KV on P after P freed it")
@@ -370,7 +371,8 @@ def on_d_message(w: W, g: Design, m: Msg) -> None:
         elif x.ph in (PH_REVOKING, PH_ABORT_WAIT):
             release(w, g, d, r)
     elif kind == ACK and a == w.dinc[d] and x.ph in (PH_RESERVED, PH_REVOKING):
-        release(w, g, d, r)
+        if b == x.pe or not g.ack_names_incarnation:  # another incarnation speaks not for this one's writes
+            release(w, g, d, r)
 
 
 def use(w: W, d: int, r: int) -> None:

@@ -84,18 +84,22 @@ def duplicate(w: W, m: Msg) -> None:
 
 
 def crash_p(w: W, g: Design) -> None:
-    """P crashes and restarts empty; a failure detector tells the decode instances, which fence
-    the old incarnation (drop its transfers in flight) and release what waited for it."""
-    old = w.pe
+    """P crashes and restarts empty.  Until the failure detector fences the old incarnation
+    (``fence_p``, a later move), its transfers in flight still land."""
     w.pe += 1
     w.reqs = [q._replace(pj=0, ptgt=(), pout=0, pfl=0, ptomb=0, pack=()) for q in w.reqs]
     w.crashed += 1
-    if not g.fence_on_peer_failure:
-        return
-    w.net = [m for m in w.net if not (m[0] == WRITE and m[4] >> 1 == old) and not (m[0] == READ and m[4] == old)]
+
+
+def fence_p(w: W, g: Design) -> None:
+    """The failure detector tells the decode instances of P's crash: they fence every older
+    incarnation (its transfers in flight are dropped: torn-down connections) and release what
+    waited for it."""
+    w.fb = w.pe
+    w.net = [m for m in w.net if not (m[0] == WRITE and m[4] >> 1 < w.fb) and not (m[0] == READ and m[4] < w.fb)]
     for d, row in enumerate(w.res):
         for r, x in enumerate(row):
-            if x.pe == old and x.ph in (PH_RESERVED, PH_REVOKING, PH_ABORT_WAIT):
+            if x.pe < w.fb and x.ph in (PH_RESERVED, PH_REVOKING, PH_ABORT_WAIT):
                 release(w, g, d, r)
 
 
@@ -135,8 +139,8 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
             if x.ph == PH_ARRIVED or (x.ph == PH_RESERVED and not g.wait_for_arrival):
                 yield go(f"D{d} runs r{r}", "step", use, d, r)
             revoke = (REVOKE, r, d, x.pe, base.dinc[d])
-            answer = (ACK, r, d, base.dinc[d], 0)
-            if x.ph == PH_REVOKING and g.resend_revoke and revoke not in base.net and answer not in base.net:
+            answered = any(m[0] == ACK and m[1:4] == (r, d, base.dinc[d]) for m in base.net)
+            if x.ph == PH_REVOKING and g.resend_revoke and revoke not in base.net and not answered:
                 yield go(f"D{d} resends Revoke(r{r})", "step", W.send, revoke)
     for m in sorted(set(base.net)):
         yield from deliveries(s, g, m, go, nd, bounds.blocks)
@@ -144,6 +148,8 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
             yield go(f"lose {describe(m)}", "fault", lose, m)
         if m[0] not in DATA and base.dup < bounds.dup:
             yield go(f"duplicate {describe(m)}", "fault", duplicate, m)
+    if g.fence_on_peer_failure and base.fb < base.pe:
+        yield go(f"the failure detector fences P#{base.fb}", "step", fence_p, g)
     if base.crashed < bounds.crash:
         yield go("P crashes", "fault", crash_p, g)
         for d in range(nd):

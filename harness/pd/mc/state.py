@@ -1,12 +1,14 @@
 """The abstract cluster the search explores, as plain tuples (hashable, cheap to compare).
 
-A state is ``(pe, dinc, reqs, res, net, lost, dup, crashed)``:
+A state is ``(pe, dinc, reqs, res, net, lost, dup, crashed, fb)``:
 
 - ``pe``: the prefill instance's incarnation; ``dinc[d]``: decode instance ``d``'s;
 - ``reqs[r]``: the router's record and P's job of request ``r`` (``Req``);
 - ``res[d][r]``: ``r``'s reservation (or pull handoff) on ``d`` (``Res``);
 - ``net``: the messages in flight, a sorted multiset (the network may deliver any, in any order);
-- the fault budgets used so far: messages lost, duplicated, instances crashed.
+- the fault budgets used so far: messages lost, duplicated, instances crashed;
+- ``fb``: the decode instances have fenced every P incarnation below ``fb`` (the failure detector
+  fences a crashed P in a move of its own, some time after the crash).
 
 Blocks are not named: a reservation owns one block for its transfer, and the rules ask only
 whether the block a transfer lands in is held *for that transfer*, so block ids are
@@ -73,7 +75,7 @@ TO_ROUTER = frozenset({RFAIL, PREFILLED})
 NO_D = frozenset({PREFILL, ABORT, PREFILLED, READDONE})  # their ``d`` field is unused (always 0)
 
 Msg = tuple[int, int, int, int, int]
-State = tuple[int, tuple[int, ...], tuple[Req, ...], tuple[tuple[Res, ...], ...], tuple[Msg, ...], int, int, int]
+State = tuple[int, tuple[int, ...], tuple[Req, ...], tuple[tuple[Res, ...], ...], tuple[Msg, ...], int, int, int, int]
 
 NO_REQ = Req(0, -1, 0, 0, (), 0, 0, 0, ())
 NO_RES = Res(PH_NONE, 0, 0, 0, 0, 0)
@@ -81,7 +83,7 @@ NO_RES = Res(PH_NONE, 0, 0, 0, 0, 0)
 
 def init_state(num_requests: int, num_decoders: int) -> State:
     res = tuple(tuple(NO_RES for _ in range(num_requests)) for _ in range(num_decoders))
-    return (0, (0,) * num_decoders, (NO_REQ,) * num_requests, res, (), 0, 0, 0)
+    return (0, (0,) * num_decoders, (NO_REQ,) * num_requests, res, (), 0, 0, 0, 0)
 
 
 def describe(m: Msg) -> str:
@@ -111,7 +113,7 @@ def _remap_req(q: Req, dmap: tuple[int, ...]) -> Req:
 
 def rename(s: State, rmap: tuple[int, ...], dmap: tuple[int, ...]) -> State:
     """``s`` with request ``r`` called ``rmap[r]`` and decode instance ``d`` called ``dmap[d]``."""
-    pe, dinc, reqs, res, net, lost, dup, crashed = s
+    pe, dinc, reqs, res, net, lost, dup, crashed, fb = s
     nreqs: list[Req] = [NO_REQ] * len(reqs)
     for r, q in enumerate(reqs):
         nreqs[rmap[r]] = _remap_req(q, dmap)
@@ -124,7 +126,7 @@ def rename(s: State, rmap: tuple[int, ...], dmap: tuple[int, ...]) -> State:
             nrow[rmap[r]] = x
         nres[dmap[d]] = tuple(nrow)
     nnet = tuple(sorted((k, rmap[r], d if k in NO_D else dmap[d], a, b) for k, r, d, a, b in net))
-    return (pe, tuple(ndinc), tuple(nreqs), tuple(nres), nnet, lost, dup, crashed)
+    return (pe, tuple(ndinc), tuple(nreqs), tuple(nres), nnet, lost, dup, crashed, fb)
 
 
 class Symmetry:
