@@ -493,6 +493,15 @@ def replay(design: Design, trace: list[Event]) -> Replay:
 def push_happy() -> Cluster:
     """Push: D registers at its first schedule, before P has the request; P keeps the early
     registration and WRITEs once the prefill is done; D runs after the WRITE's notice."""
+    c = push_concurrent_registered()
+    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")  # the WRITE's notif goes to D
+    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.d_run()
+    return c
+
+
+def push_concurrent_registered() -> Cluster:
+    """The seed's router up to P's prefill: D registered before P had the request."""
     c = Cluster("push")
     c.arrive()
     c.d_add()
@@ -500,21 +509,13 @@ def push_happy() -> Cluster:
     c.registration_to_p()
     c.p_add()
     c.p_prefill()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")  # the WRITE's notif goes to D
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
-    c.d_run()
     return c
 
 
 def push_sequential_happy() -> Cluster:
     """vLLM's push proxy: P first; P's answer names P; D then allocates and registers, and P,
     holding the finished blocks, WRITEs at once."""
-    c = Cluster("push", dispatch="sequential")
-    c.arrive()
-    c.p_add()
-    c.p_prefill()
-    c.hand_to_d()
-    c.d_add()
+    c = push_sequential_to_d()
     c.d_schedule("deliver Reserve(r0@D0) to D0")
     c.registration_to_p()
     c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
@@ -523,15 +524,21 @@ def push_sequential_happy() -> Cluster:
     return c
 
 
-def push_sequential_abort_after_prefill() -> Cluster:
-    """vLLM's push proxy, the client gone once P answered: the abort finds a finished request on
-    P and changes nothing there; D's registration still gets its WRITE, and D frees on it."""
+def push_sequential_to_d() -> Cluster:
+    """vLLM's push proxy up to D receiving the request: P prefilled and answered first."""
     c = Cluster("push", dispatch="sequential")
     c.arrive()
     c.p_add()
     c.p_prefill()
     c.hand_to_d()
     c.d_add()
+    return c
+
+
+def push_sequential_abort_after_prefill() -> Cluster:
+    """vLLM's push proxy, the client gone once P answered: the abort finds a finished request on
+    P and changes nothing there; D's registration still gets its WRITE, and D frees on it."""
+    c = push_sequential_to_d()
     c.abort()
     c.d_schedule("deliver Reserve(r0@D0) to D0")
     c.p_abort()
@@ -545,13 +552,7 @@ def push_sequential_abort_after_prefill() -> Cluster:
 def push_abort_after_write() -> Cluster:
     """Push: the client aborts while D waits for the WRITE.  D holds the blocks and tells P
     nothing.  The WRITE completes, its notice reaches D, and D frees the blocks then."""
-    c = Cluster("push")
-    c.arrive()
-    c.d_add()
-    c.d_schedule("deliver Reserve(r0@D0) to D0")
-    c.registration_to_p()
-    c.p_add()
-    c.p_prefill()
+    c = push_concurrent_registered()
     c.abort()
     c.d_abort()
     c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
@@ -582,13 +583,7 @@ def push_abort_before_prefill() -> Cluster:
 def push_abort_after_prefill() -> Cluster:
     """Push: the abort reaches P after P prefilled.  vLLM's P has already finished the
     request, so the abort changes nothing there: the WRITE and its notice go ahead."""
-    c = Cluster("push")
-    c.arrive()
-    c.d_add()
-    c.d_schedule("deliver Reserve(r0@D0) to D0")
-    c.registration_to_p()
-    c.p_add()
-    c.p_prefill()
+    c = push_concurrent_registered()
     c.abort()
     c.d_abort()
     c.p_abort()
@@ -897,48 +892,46 @@ def derive_hold_outlives_transfers(mode: str) -> bool:
     return not (timer and reaped_in_flight and c.p_phase() == "freed")
 
 
-def derive_reserve_within_capacity(mode: str) -> bool:
-    """D has blocks for one request: a second one is neither allocated nor registered while the
-    first holds them."""
+def two_requests_for_one(mode: str) -> Scheduler:
+    """D with blocks for one request: ``a`` waits for its remote KV, then ``b`` arrives."""
     d = make_scheduler(mode, "D", num_blocks=PROMPT // BLOCK + 2)
     params = [d_params() | {"remote_request_id": r} for r in ("a", "b")]
     if mode == "pull":
         params = [p | {"remote_block_ids": ([1, 2, 3, 4],)} for p in params]
     d.add_request(new_request("a", params[0], 4))
-    out = d.schedule()
-    report(d, out)
+    report(d, d.schedule())
     assert d.requests["a"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
     d.add_request(new_request("b", params[1], 4, tokens=list(range(500, 500 + PROMPT))))
+    return d
+
+
+def is_b_admitted(d: Scheduler, steps: int = 3) -> bool:
+    """Whether ``b`` is allocated and registered (push) or read (pull) within ``steps`` steps."""
     admitted = False
-    for _ in range(3):
+    for _ in range(steps):
         out = d.schedule()
         meta = out.kv_connector_metadata
         admitted |= "b" in meta.push_registrations or "b" in meta.reqs_to_recv
         report(d, out)
-    return not admitted and d.requests["b"].status == RequestStatus.WAITING
+    return admitted
+
+
+def derive_reserve_within_capacity(mode: str) -> bool:
+    """D has blocks for one request: a second one is neither allocated nor registered while the
+    first holds them."""
+    d = two_requests_for_one(mode)
+    return not is_b_admitted(d) and d.requests["b"].status == RequestStatus.WAITING
 
 
 def derive_queue_when_full(mode: str) -> bool:
     """The second request of ``derive_reserve_within_capacity``: queued (not refused, not
     finished), then allocated and registered (push) or read (pull) once the first is freed."""
-    d = make_scheduler(mode, "D", num_blocks=PROMPT // BLOCK + 2)
-    params = [d_params() | {"remote_request_id": r} for r in ("a", "b")]
-    if mode == "pull":
-        params = [p | {"remote_block_ids": ([1, 2, 3, 4],)} for p in params]
-    d.add_request(new_request("a", params[0], 4))
-    report(d, d.schedule())
-    d.add_request(new_request("b", params[1], 4, tokens=list(range(500, 500 + PROMPT))))
+    d = two_requests_for_one(mode)
     report(d, d.schedule())
     queued = d.requests["b"].status == RequestStatus.WAITING
     d.finish_requests("a", RequestStatus.FINISHED_ABORTED)
     report(d, d.schedule(), finished_recving={"a"})
-    admitted = False
-    for _ in range(3):
-        out = d.schedule()
-        meta = out.kv_connector_metadata
-        admitted |= "b" in meta.push_registrations or "b" in meta.reqs_to_recv
-        report(d, out)
-    return queued and "a" not in d.requests and admitted
+    return queued and "a" not in d.requests and is_b_admitted(d)
 
 
 def derive_abort_reaches_finished_p(mode: str) -> bool:

@@ -4,9 +4,10 @@
 runner's output, assertions on what the next ``schedule()`` sends the worker).
 
 It is the test attached to the follow-up in docs/upstream/invalid-block-recovery-window.md.  In
-vLLM's tree the two helpers imported from ``upstream_vllm`` are ``create_vllm_config(
-kv_load_failure_policy="recompute")`` and ``create_model_runner_output(reqs=[], ...)`` of that
-folder's ``utils.py``; the rest runs unchanged.  It fails on every release from 0.23.0 to 0.34.0
+vLLM's tree the helpers imported from ``upstream_vllm`` are that folder's ``utils.py`` ones:
+``create_vllm_config(kv_load_failure_policy="recompute")``, ``create_scheduler(vllm_config,
+num_blocks=..., kv_cache_config=...)``, ``create_model_runner_output(reqs=[], ...)`` and
+``create_mock_connector()`` for the ``Mock``; the rest runs unchanged.  It fails on every release from 0.23.0 to 0.34.0
 (strict xfail here; a plain test from the first release that fixes it).
 """
 
@@ -22,7 +23,8 @@ pytest.importorskip("einops", reason="vLLM's ModelConfig imports einops to inspe
 
 import torch  # noqa: E402
 from test_invalid_block_recovery_window import _recompute_from_scratch_if_window_lost  # noqa: E402
-from upstream_vllm import known_affected, model_runner_output, vllm_config  # noqa: E402
+from upstream_vllm import create_scheduler, known_affected, model_runner_output  # noqa: E402
+from upstream_vllm import vllm_config as create_vllm_config  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402
@@ -30,7 +32,6 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 BLOCK_SIZE = 16
 SLIDING_WINDOW = 128
@@ -40,21 +41,15 @@ SLIDING_WINDOW = 128
 def sliding_window_recompute_scheduler() -> Scheduler:
     """One sliding-window KV-cache group (block-level recovery needs a single group), policy
     'recompute'."""
-    config = vllm_config()
-    assert config.kv_transfer_config.kv_load_failure_policy == "recompute"
+    vllm_config = create_vllm_config()
+    assert vllm_config.kv_transfer_config.kv_load_failure_policy == "recompute"
     spec = SlidingWindowSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=SLIDING_WINDOW
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=1000, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_cache_config,
-        log_stats=False,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK_SIZE,
-    )
+    return create_scheduler(vllm_config, num_blocks=1000, kv_cache_config=kv_cache_config)
 
 
 @pytest.mark.xfail(
@@ -89,11 +84,11 @@ def recover_and_check(scheduler: Scheduler) -> None:
     )
     scheduler.add_request(request)
 
-    scheduler.connector = Mock()  # the whole prompt loads asynchronously
+    scheduler.connector = Mock()  # vLLM's tree: create_mock_connector(); the whole prompt loads asynchronously
     scheduler.connector.get_num_new_matched_tokens.return_value = (num_prompt_tokens, True)
     scheduler.connector.request_finished.return_value = (False, None)
     scheduler.connector.take_events.return_value = ()
-    scheduler.connector.get_loaded_kv_cache_group_ids.return_value = ()  # 0.34.0: asked at allocation
+    scheduler.connector.get_loaded_kv_cache_group_ids.return_value = (0,)  # 0.34.0: asked at allocation
 
     scheduler_output = scheduler.schedule()
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS

@@ -50,10 +50,24 @@ NUM_BLOCKS = 2048
 MAX_MODEL_LEN = 16384
 VLLM_VERSION = Version(vllm.__version__)
 RELEASES_RUN = (
-    "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
-    "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
+    "0.23.0",
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+    "0.34.0",
 )
-"""The released wheels these reproductions were run on, each in its own environment (the tables in
+"""The released wheels these reproductions were run on, each in its own environment (the same list
+as kvspec's ``spec/releases/line.py``, repeated because this helper travels with the reports and
+imports nothing of kvspec; the tables in
 docs/upstream/*.md give the result per release and bug)."""
 LAST_AFFECTED = {
     "full-remote-load-window": Version("0.34.0"),
@@ -167,15 +181,20 @@ def chunked_local(chunk: int) -> ChunkedLocalAttentionSpec:
 def scheduler(*specs: KVCacheSpec, config: VllmConfig | None = None, num_blocks: int = NUM_BLOCKS) -> Scheduler:
     """The real Scheduler (and KVCacheManager) with one KV-cache group per spec, sharing ``num_blocks``
     blocks (the null block included)."""
-    vc = config or vllm_config()
     groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return create_scheduler(config or vllm_config(), num_blocks=num_blocks, kv_cache_config=kv)
+
+
+def create_scheduler(config: VllmConfig, num_blocks: int, kv_cache_config: KVCacheConfig) -> Scheduler:
+    """vLLM's ``Scheduler`` over ``kv_cache_config``, named and called like the helper of vLLM's
+    ``tests/v1/kv_connector/unit/utils.py``, so that a test written with it reads as one of vLLM's."""
     return Scheduler(
-        vllm_config=vc,
-        kv_cache_config=kv,
+        vllm_config=config,
+        kv_cache_config=kv_cache_config,
         log_stats=False,
-        structured_output_manager=StructuredOutputManager(vc),
-        block_size=BLOCK,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=config.cache_config.block_size,
     )
 
 
