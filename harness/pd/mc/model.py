@@ -76,7 +76,7 @@ CONTENTION = Bounds(requests=2, decoders=1, blocks=1, loss=0, dup=0, crash=0)
 """Two requests contending for one decode instance's only block, with no fault: a refused
 reservation, a block released by one request and taken by the other, a late transfer of the first
 landing after the second took the block.  With one lost message as well the proposal's search
-completes too (1,180,119 states, 3 minutes, 2 GB: docs/pd-preallocation.md); with a duplicate or
+completes too (1,022,422 states, 3 minutes, 1.8 GB: docs/pd-preallocation.md); with a duplicate or
 a crash it passes 1.5 million states."""
 PRESETS = {"faults": FAULTS, "contention": CONTENTION}
 
