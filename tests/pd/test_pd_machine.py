@@ -37,8 +37,10 @@ def test_safe_designs_fuzz_clean(design):
 
 
 def test_fuzzer_finds_release_on_cancel_from_scratch():
+    """Found within a few hundred examples alone (at 30 hash seeds tried); once, in the full suite's
+    order, not within 600, so the budget is 2,000 (the run stops at the finding)."""
     design = BUGS["release-on-cancel"].design
-    assert fuzz(design, 600, names=["write_lands_in_held_block"], seed=0) is not None
+    assert fuzz(design, 2000, names=["write_lands_in_held_block"], seed=0) is not None
 
 
 @pytest.mark.parametrize(

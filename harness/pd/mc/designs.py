@@ -8,12 +8,12 @@ has no block for in its waiting queue (``queue_when_full``: it refuses nothing, 
 retry never runs); an abort that reaches P after its prefill finds a finished request and changes
 nothing (P's lease keeps the KV, and a registration still gets its write); D registers its blocks
 with P as soon as it allocated them; a request aborted while waiting for remote KV has its free
-delayed until the transfer reports done; D's push
-watchdog only drops the pending registration (it frees nothing); P's hold on finished KV is a
-lease that D's heartbeats extend, and it frees the KV when it runs out even if a transfer is
-still reading it; nothing fences a failed P.  tests/pd/test_mc_vllm_designs.py derives these flags
-from vLLM's real ``Scheduler`` and NIXL connector scheduler side, and replays recorded runs as traces
-of the model; its docstring lists the flags that rest on worker code instead.
+delayed until the transfer reports done; D's push watchdog only drops the pending registration
+(it frees nothing); P's hold on finished KV is a lease that D's heartbeats extend, and it frees
+the KV when it runs out even if a transfer is still reading it; nothing fences a failed P.
+tests/pd/test_mc_vllm_designs.py derives these flags from vLLM's real ``Scheduler`` and NIXL
+connector scheduler side, and replays recorded runs as traces of the model; its docstring lists
+the flags that rest on worker code instead.
 
 ``AS_WRITTEN`` is the seed's proposal on vLLM's own rules: vLLM's push with the one change the
 seed asks for, the router sending to P and D at once.  Nothing else is added, so it keeps vLLM's

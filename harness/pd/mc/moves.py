@@ -83,7 +83,7 @@ def duplicate(w: W, m: Msg) -> None:
     w.dup += 1
 
 
-def crash_p(w: W, g: Design) -> None:
+def crash_p(w: W) -> None:
     """P crashes and restarts empty.  Until the failure detector fences the old incarnation
     (``fence_p``, a later move), its transfers in flight still land."""
     w.pe += 1
@@ -151,7 +151,7 @@ def successors(s: State, g: Design, bounds: Bounds) -> Iterator[Step]:
     if g.fence_on_peer_failure and base.fb < base.pe:
         yield go(f"the failure detector fences P#{base.fb}", "step", fence_p, g)
     if base.crashed < bounds.crash:
-        yield go("P crashes", "fault", crash_p, g)
+        yield go("P crashes", "fault", crash_p)
         for d in range(nd):
             yield go(f"D{d} crashes", "fault", crash_d, d)
 

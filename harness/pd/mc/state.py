@@ -90,7 +90,11 @@ def describe(m: Msg) -> str:
     kind, r, d, a, b = m
     dst = "P" if kind in TO_P else "router" if kind in TO_ROUTER else f"D{d}"
     who = f"r{r}" if kind in (PREFILL, ABORT, PREFILLED, READDONE) else f"r{r}@D{d}"
-    extra = {WRITE: f", {'hit block, ' if b & 1 else ''}from P#{b >> 1}", DONE: ", failed" if b else ""}.get(kind, "")
+    extra = {
+        WRITE: f", {'hit block, ' if b & 1 else ''}from P#{b >> 1}",
+        DONE: ", failed" if b else "",
+        ACK: f", from P#{b}",
+    }.get(kind, "")
     return f"{KIND_NAMES[kind]}({who}{extra}) to {dst}"
 
 
