@@ -427,6 +427,12 @@ class Cluster:
         report(self.D, out, finished_recving={RID})
         self.record(label, *sent)
 
+    def write_completes(self) -> None:
+        """Push: P's WRITE completes (its worker reports the send) and carries D's notice, which
+        D's worker reports as the receive done."""
+        self.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
+        self.d_worker_recvd("deliver Done(r0@D0) to D0")
+
     def d_run(self) -> None:
         out = self.D.schedule()
         assert out.num_scheduled_tokens.get(RID, 0) > 0
@@ -495,8 +501,7 @@ def push_happy() -> Cluster:
     """Push: D registers at its first schedule, before P has the request; P keeps the early
     registration and WRITEs once the prefill is done; D runs after the WRITE's notice."""
     c = push_concurrent_registered()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")  # the WRITE's notif goes to D
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.write_completes()
     c.d_run()
     return c
 
@@ -519,8 +524,7 @@ def push_sequential_happy() -> Cluster:
     c = push_sequential_to_d()
     c.d_schedule("deliver Reserve(r0@D0) to D0")
     c.registration_to_p()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.write_completes()
     c.d_run()
     return c
 
@@ -545,8 +549,7 @@ def push_sequential_abort_after_prefill() -> Cluster:
     c.p_abort()
     c.d_abort()
     c.registration_to_p()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.write_completes()
     return c
 
 
@@ -556,8 +559,7 @@ def push_abort_after_write() -> Cluster:
     c = push_concurrent_registered()
     c.abort()
     c.d_abort()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.write_completes()
     c.p_abort()  # the request is gone on P: nothing to do
     return c
 
@@ -588,8 +590,7 @@ def push_abort_after_prefill() -> Cluster:
     c.abort()
     c.d_abort()
     c.p_abort()
-    c.p_worker_sent("deliver Write(r0@D0, from P#0) to D0", "Done")
-    c.d_worker_recvd("deliver Done(r0@D0) to D0")
+    c.write_completes()
     return c
 
 
