@@ -13,6 +13,7 @@ and one instance (P or a D) may crash within the crash budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvspec.harness.pd.mc.state import (
@@ -44,6 +45,7 @@ from kvspec.harness.pd.mc.state import (
     RFAIL,
     WRITE,
     Msg,
+    Res,
     State,
     describe,
 )
@@ -114,8 +116,15 @@ class W:
         )
 
 
-def held_on(w: W, d: int) -> int:
-    return sum(1 for x in w.res[d] if x.ph in HELD)
+def count_held(row: Sequence[Res]) -> int:
+    """Blocks a decode instance holds: one per reservation in a held phase (``row`` = its records)."""
+    return sum(1 for x in row if x.ph in HELD)
+
+
+def is_new_reservation(x: Res, g: Design) -> bool:
+    """Delivering a Reserve (or Decode) to a record ``x`` would allocate: nothing reserved yet,
+    and no Cancel got there first."""
+    return x.ph == PH_NONE and not (x.tomb and g.d_tombstones_cancelled)
 
 
 # --- the router ------------------------------------------------------------------------------
@@ -312,16 +321,16 @@ def reserve(w: W, g: Design, m: Msg, hit: int) -> None:
     """vLLM 0.33 ``allocate_slots(..., delay_cache_blocks=True)`` for the remote tokens."""
     kind, r, d, a, _ = m
     x = w.res[d][r]
-    if x.ph != PH_NONE or (x.tomb and g.d_tombstones_cancelled):
+    if not is_new_reservation(x, g):
         return
     if a < w.fb and g.fence_on_peer_failure:  # for a P incarnation D has fenced: refuse
         w.send((RFAIL, r, d, a, 0))
         return
-    if held_on(w, d) >= w.blocks and g.reserve_within_capacity:
+    if count_held(w.res[d]) >= w.blocks and g.reserve_within_capacity:
         w.send((RFAIL, r, d, a, 0))
         return
     w.res[d][r] = x._replace(ph=PH_RESERVED, hit=hit, pe=a)
-    if held_on(w, d) > w.blocks:
+    if count_held(w.res[d]) > w.blocks:
         w.flag("blocks_within_capacity", f"D{d} reserves for r{r} with all {w.blocks} block(s) held")
     w.send((REG, r, d, w.dinc[d], hit) if kind == RESERVE else (READ, r, d, w.dinc[d], a))
 

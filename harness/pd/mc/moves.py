@@ -19,8 +19,10 @@ from kvspec.harness.pd.mc.model import (
     arrive,
     can_expire_hold,
     cancel_or_expire,
+    count_held,
     hand_to,
     is_concurrent,
+    is_new_reservation,
     land,
     on_d_message,
     on_p_message,
@@ -38,7 +40,6 @@ from kvspec.harness.pd.mc.state import (
     PH_ABORT_WAIT,
     PH_ARRIVED,
     PH_CRASHED,
-    PH_NONE,
     PH_ORPHAN,
     PH_RESERVED,
     PH_REVOKING,
@@ -184,10 +185,7 @@ def deliveries(s: State, g: Design, m: Msg, go: Go, nd: int, blocks: int) -> Ite
 
 def is_full_for(s: State, g: Design, d: int, r: int, blocks: int) -> bool:
     """Delivering ``r``'s Reserve or Decode to ``d`` would allocate, and ``d`` has no free block."""
-    x = s[3][d][r]
-    if x.ph != PH_NONE or (x.tomb and g.d_tombstones_cancelled):
-        return False
-    return sum(1 for y in s[3][d] if y.ph in HELD) >= blocks
+    return is_new_reservation(s[3][d][r], g) and count_held(s[3][d]) >= blocks
 
 
 def router_deliveries(s: State, g: Design, m: Msg, go: Go, nd: int) -> Iterator[Step]:
